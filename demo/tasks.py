@@ -1,0 +1,31 @@
+"""Demo handlers: what a project's tasks.py looks like."""
+
+import random
+import time
+
+import taskflow
+
+
+@taskflow.handler("demo.noop")
+def noop(ctx):
+    return None
+
+
+@taskflow.handler("demo.resize_image")
+def resize_image(ctx):
+    time.sleep(random.uniform(0.05, 0.3))
+    if random.random() < 0.2:
+        raise RuntimeError("image service timed out")  # retried with back-off
+    return {"width": ctx.payload.get("width", 640) // 2}
+
+
+@taskflow.handler("demo.parse_document")
+def parse_document(ctx):
+    """A two-stage task: parse, then index, carrying data between stages in ctx.context."""
+    if ctx.stage in ("", "parse"):
+        pages = ctx.payload.get("pages", 3)
+        for page in range((ctx.checkpoint or 0), pages):
+            time.sleep(0.05)
+            ctx.save_checkpoint(page + 1)
+        ctx.next_stage("index", context={"pages": pages})
+    return {"indexed_pages": ctx.context["pages"]}

@@ -1,0 +1,235 @@
+"""Putting tasks into the table: validation, identity (type + key + version) and wake-ups.
+
+Enqueueing joins the caller's transaction, so a task commits or rolls back with the caller's data;
+workers are woken only after the commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from . import ids, wakeup
+from .configs import configs
+from .exceptions import InvalidTask, StaleVersion
+from .models import Status, Task, TaskKey
+from .validation import (
+    resolve_run_after,
+    validate_json,
+    validate_key,
+    validate_non_negative_int,
+    validate_priority,
+    validate_short_text,
+    validate_task_type,
+)
+
+CREATED, EXISTING, REPLACED = "created", "existing", "replaced"
+_SPEC_FIELDS = {
+    "task_type",
+    "payload",
+    "key",
+    "version",
+    "priority",
+    "run_after",
+    "max_retries",
+    "timeout",
+    "stage",
+    "user_id",
+    "context",
+    "trace_id",
+}
+
+
+@dataclass
+class TaskSpec:
+    """A validated request for one task."""
+
+    task_type: str
+    payload: Any = field(default_factory=dict)
+    key: str | None = None
+    version: int = 0
+    priority: int = 0
+    run_after: datetime | None = None
+    max_retries: int | None = None
+    timeout: int | None = None
+    stage: str = ""
+    user_id: str = ""
+    context: Any = field(default_factory=dict)
+    trace_id: str = ""
+
+    @classmethod
+    def build(cls, now: datetime, task_type: object, payload: Any = None, **options: Any) -> TaskSpec:
+        unknown = set(options) - _SPEC_FIELDS
+        if unknown:
+            raise InvalidTask(f"unknown task option(s): {', '.join(sorted(unknown))}")
+        timeout = validate_non_negative_int("timeout", options.get("timeout"), allow_none=True)
+        if timeout == 0:
+            raise InvalidTask("timeout must be a positive number of seconds")
+        return cls(
+            task_type=validate_task_type(task_type),
+            payload=validate_json("payload", {} if payload is None else payload),
+            key=validate_key(options.get("key")),
+            version=validate_non_negative_int("version", options.get("version", 0)),  # type: ignore[arg-type]
+            priority=validate_priority(options.get("priority", 0)),
+            run_after=resolve_run_after(options.get("run_after"), now),
+            max_retries=validate_non_negative_int("max_retries", options.get("max_retries"), allow_none=True),
+            timeout=timeout,
+            stage=validate_short_text("stage", options.get("stage") or "", 100),
+            user_id=validate_short_text("user_id", str(options.get("user_id") or ""), 64),
+            context=validate_json("context", options.get("context") or {}),
+            trace_id=validate_short_text("trace_id", options.get("trace_id") or "", 32),
+        )
+
+
+def order_time(run_after: datetime, priority: int, aging: float) -> datetime:
+    """The scheduling key: run_after moved earlier by `aging` seconds per priority point."""
+    return run_after - timedelta(seconds=priority * aging)
+
+
+def enqueue(task_type: str, payload: Any = None, **options: Any) -> Task:
+    """Create one task (or return/replace the existing one with the same identity)."""
+    return enqueue_many([{"task_type": task_type, "payload": payload, **options}])[0]
+
+
+def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]:
+    """Create many tasks in one transaction; unkeyed ones go in as one bulk INSERT.
+
+    Each returned task carries `enqueue_outcome`: "created", "existing" or "replaced".
+    Raises InvalidTask (nothing written) or StaleVersion (the whole call is refused).
+    """
+    now = timezone.now()
+    specs = [r if isinstance(r, TaskSpec) else _spec_from_mapping(r, now) for r in requests]
+    if not specs:
+        return []
+    cfgs = configs.get_many(s.task_type for s in specs)
+    results: list[Task | None] = [None] * len(specs)
+    keyed = [i for i, spec in enumerate(specs) if spec.key is not None]
+    fresh = [
+        (i, _new_task(spec, cfgs[spec.task_type].priority_aging, now))
+        for i, spec in enumerate(specs)
+        if spec.key is None
+    ]
+
+    # Unkeyed tasks cannot be refused, so they join the caller's transaction without the cost of
+    # a savepoint; a call with keys gets one, so a StaleVersion undoes the whole call and nothing else.
+    with transaction.atomic(savepoint=bool(keyed)):
+        for (i, task), task_id in zip(fresh, ids.next_ids(len(fresh)), strict=True):
+            task.id = task_id
+            results[i] = task
+        if fresh:
+            Task.objects.bulk_create([t for _, t in fresh], batch_size=1000)
+        # Identity locks are taken in one global order so two bulk calls cannot deadlock.
+        for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
+            results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now)
+    wakeup.notify_on_commit(
+        {t.task_type for t in results if t is not None and t.enqueue_outcome != EXISTING and t.run_after <= now}
+    )
+    return results  # type: ignore[return-value]
+
+
+def _spec_from_mapping(request: Mapping[str, Any], now: datetime) -> TaskSpec:
+    options = dict(request)
+    if "task_type" not in options:
+        raise InvalidTask("task_type is required")
+    return TaskSpec.build(now, options.pop("task_type"), options.pop("payload", None), **options)
+
+
+def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
+    run_after = spec.run_after or now
+    task = Task(
+        task_type=spec.task_type,
+        key=spec.key,
+        version=spec.version,
+        priority=spec.priority,
+        payload=spec.payload,
+        context=spec.context,
+        stage=spec.stage,
+        max_retries=spec.max_retries,
+        timeout=spec.timeout,
+        run_after=run_after,
+        order_time=order_time(run_after, spec.priority, aging),
+        trace_id=spec.trace_id or uuid.uuid4().hex,
+        user_id=spec.user_id,
+        created_at=now,
+        updated_at=now,
+    )
+    task.enqueue_outcome = CREATED  # type: ignore[attr-defined]
+    return task
+
+
+def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime) -> Task:
+    """Apply the identity rules to one keyed request, holding its TaskKey row lock."""
+    # An upsert takes the row's exclusive lock at once (insert-if-missing then SELECT FOR UPDATE
+    # would let two first-time requests both insert).
+    target = ["task_type", "key"] if connection.features.supports_update_conflicts_with_target else None
+    TaskKey.objects.bulk_create(
+        [TaskKey(task_type=spec.task_type, key=spec.key, version=spec.version)],
+        update_conflicts=True,
+        unique_fields=target,
+        update_fields=["updated_at"],
+    )
+    head = TaskKey.objects.select_for_update().get(task_type=spec.task_type, key=spec.key)
+    if spec.version < head.version:
+        raise StaleVersion(spec.task_type, spec.key or "", spec.version, head.version)
+
+    existing = Task.objects.filter(task_type=spec.task_type, key=spec.key, version=spec.version).first()
+    if existing is not None and existing.status in (Status.FAILED, Status.STOPPED):
+        task = _replace(existing, spec, aging, now)
+    elif existing is not None:
+        existing.enqueue_outcome = EXISTING  # type: ignore[attr-defined]
+        task = existing
+    else:
+        task = _new_task(spec, aging, now)
+        task.id = ids.next_id()
+        task.save(force_insert=True)
+
+    if spec.version > head.version:
+        TaskKey.objects.filter(pk=head.pk).update(version=spec.version)
+    if task.enqueue_outcome != EXISTING:  # type: ignore[attr-defined]
+        Task.objects.filter(
+            task_type=spec.task_type, key=spec.key, version__lt=spec.version, status=Status.PENDING
+        ).update(
+            status=Status.STOPPED,
+            status_msg=f"superseded by version {spec.version}",
+            finished_at=now,
+            updated_at=now,
+        )
+    return task
+
+
+def _replace(existing: Task, spec: TaskSpec, aging: float, now: datetime) -> Task:
+    """Turn a failed or stopped task back into a fresh pending one, keeping its id and history."""
+    fresh = _new_task(spec, aging, now)
+    changes = {
+        "status": Status.PENDING,
+        "status_msg": f"re-enqueued (was {existing.status})",
+        "payload": fresh.payload,
+        "context": fresh.context,
+        "stage": fresh.stage,
+        "priority": fresh.priority,
+        "result": None,
+        "checkpoint": None,
+        "attempts": 0,
+        "max_retries": fresh.max_retries,
+        "timeout": fresh.timeout,
+        "run_after": fresh.run_after,
+        "order_time": fresh.order_time,
+        "trace_id": fresh.trace_id,
+        "user_id": fresh.user_id,
+        "worker_id": "",
+        "lease_expires_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "updated_at": now,
+    }
+    # Guarded: only a task still failed/stopped is replaced.
+    updated = Task.objects.filter(pk=existing.pk, status__in=[Status.FAILED, Status.STOPPED]).update(**changes)
+    task = Task.objects.get(pk=existing.pk)
+    task.enqueue_outcome = REPLACED if updated else EXISTING  # type: ignore[attr-defined]
+    return task

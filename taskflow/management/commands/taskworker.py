@@ -1,0 +1,46 @@
+import signal
+
+from django.core.management.base import BaseCommand, CommandError
+
+from taskflow.exceptions import UnknownTaskType
+from taskflow.worker import Worker
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+def non_negative_float(value: str) -> float:
+    number = float(value)
+    if number < 0:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run a taskflow worker: claim due tasks and run their handlers until stopped."
+
+    def add_arguments(self, parser) -> None:  # noqa: ANN001
+        parser.add_argument("--concurrency", type=positive_int, default=8, help="handler threads (default 8)")
+        parser.add_argument("--types", default="", help="comma-separated task types (default: all registered)")
+        parser.add_argument("--burst", action="store_true", help="drain what is due, then exit")
+        parser.add_argument(
+            "--grace", type=non_negative_float, default=None, help="seconds running tasks get to finish on shutdown"
+        )
+
+    def handle(self, *args, **options) -> None:  # noqa: ANN002, ANN003
+        types = [t.strip() for t in options["types"].split(",") if t.strip()] or None
+        try:
+            worker = Worker(types, concurrency=options["concurrency"], burst=options["burst"], grace=options["grace"])
+        except (UnknownTaskType, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+
+        def stop(signum, frame) -> None:  # noqa: ANN001
+            worker.request_stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        worker.run()

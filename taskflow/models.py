@@ -1,0 +1,208 @@
+"""Tables: tasks, per-type schedule configuration, rolling positions, and the coordination rows."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from . import ids
+from .conf import get_settings
+from .validation import MAX_PRIORITY, MIN_PRIORITY
+
+
+class Status(models.TextChoices):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    SUCCESS = "success"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class RetryStrategy(models.TextChoices):
+    FIXED = "fixed", "fixed interval"
+    EXPONENTIAL = "exponential", "exponential with cap"
+    POLYNOMIAL = "polynomial", "Sidekiq-style polynomial"
+
+
+SCHEDULE_LOG_SIZE = 6  # the last attempt plus the previous five
+
+
+class Task(models.Model):
+    """One unit of asynchronous work; every state change is an UPDATE of this row."""
+
+    id = models.BigIntegerField(primary_key=True, default=ids.next_id, editable=False)
+    task_type = models.CharField(max_length=100)
+    # NULL when the producer gave no key: such tasks have no identity and never deduplicate.
+    key = models.CharField(max_length=255, null=True, blank=True, db_column="task_key")
+    version = models.BigIntegerField(default=0)
+    priority = models.SmallIntegerField(default=0, help_text="-100..100, higher runs first")
+
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    status_msg = models.TextField(blank=True, default="")
+
+    payload = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    context = models.JSONField(default=dict, blank=True, help_text="working data carried between stages")
+    checkpoint = models.JSONField(null=True, blank=True)
+    stage = models.CharField(max_length=100, blank=True, default="")
+
+    attempts = models.PositiveIntegerField(default=0)
+    # NULL means "use the task type's current ScheduleCfg value", so live config edits apply.
+    max_retries = models.PositiveIntegerField(null=True, blank=True)
+    timeout = models.PositiveIntegerField(null=True, blank=True, help_text="seconds per attempt")
+
+    run_after = models.DateTimeField()
+    # The scheduling key: due time moved earlier by priority x the type's aging, so higher
+    # priority runs first but an old low-priority task eventually overtakes a flood of new ones.
+    order_time = models.DateTimeField()
+
+    worker_id = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Fencing token: incremented whenever an attempt starts or is taken away, and required by
+    # every report, so a late report from a lost attempt changes nothing.
+    lease_token = models.PositiveBigIntegerField(default=0)
+
+    # Host affinity: retry on this host until the given time, then anywhere.
+    prefer_host = models.CharField(max_length=200, blank=True, default="")
+    prefer_host_until = models.DateTimeField(null=True, blank=True)
+
+    trace_id = models.CharField(max_length=32, blank=True, default="")
+    schedule_log = models.JSONField(default=list, blank=True)
+    user_id = models.CharField(max_length=64, blank=True, default="")
+
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task_type", "key", "version"], name="taskflow_task_identity"),
+            models.CheckConstraint(
+                condition=Q(priority__gte=MIN_PRIORITY, priority__lte=MAX_PRIORITY),
+                name="taskflow_task_priority_range",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["status", "task_type", "order_time"], name="taskflow_claim_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="taskflow_lease_idx"),
+            models.Index(fields=["status", "updated_at"], name="taskflow_status_age_idx"),
+            models.Index(fields=["worker_id", "status"], name="taskflow_worker_idx"),
+            models.Index(fields=["task_type", "created_at"], name="taskflow_type_created_idx"),
+        ]
+        permissions = [("operate_task", "Can stop, retry, reschedule and re-prioritise tasks")]
+
+    def __str__(self) -> str:
+        ident = f" {self.key}@v{self.version}" if self.key else ""
+        return f"{self.task_type}#{self.id}{ident} [{self.status}]"
+
+
+class TaskKey(models.Model):
+    """The newest version seen for one (task_type, key).
+
+    Its row lock serialises enqueues of the same identity, so concurrent requests with different
+    versions are ordered even before any task row exists.
+    """
+
+    task_type = models.CharField(max_length=100)
+    key = models.CharField(max_length=255, db_column="task_key")
+    version = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task_type", "key"], name="taskflow_taskkey_identity")]
+
+    def __str__(self) -> str:
+        return f"{self.task_type}/{self.key}@v{self.version}"
+
+
+class ScheduleCfg(models.Model):
+    """How one task type is scheduled; created with defaults on first use and editable live."""
+
+    task_type = models.CharField(max_length=100, primary_key=True)
+    schedule_limit = models.PositiveIntegerField(default=100, help_text="max tasks per claim")
+    schedule_interval = models.FloatField(default=1.0, help_text="seconds between polls")
+    max_processing_time = models.PositiveIntegerField(default=300, help_text="seconds per attempt")
+    max_retry_num = models.PositiveIntegerField(default=3)
+    retry_strategy = models.CharField(max_length=12, choices=RetryStrategy.choices, default=RetryStrategy.EXPONENTIAL)
+    retry_interval = models.FloatField(default=10.0, help_text="seconds: base delay")
+    max_retry_interval = models.FloatField(default=3600.0, help_text="seconds: cap on any delay")
+    retry_jitter = models.FloatField(default=0.1, help_text="fraction of the delay randomly taken off")
+    concurrency_limit = models.PositiveIntegerField(default=0, help_text="0 = unlimited")
+    priority_aging = models.FloatField(default=1.0, help_text="seconds of head start per priority point")
+    pending_timeout = models.PositiveIntegerField(default=0, help_text="seconds; 0 = never")
+    success_retention = models.PositiveIntegerField(default=86400, help_text="seconds before success becomes stopped")
+    purge_after_days = models.PositiveIntegerField(default=7, help_text="failed/stopped older than this are deleted")
+    paused = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "schedule config"
+
+    def __str__(self) -> str:
+        return self.task_type
+
+    @classmethod
+    def from_settings(cls, task_type: str) -> ScheduleCfg:
+        s = get_settings()
+        return cls(
+            task_type=task_type,
+            schedule_limit=s.SCHEDULE_LIMIT,
+            schedule_interval=s.SCHEDULE_INTERVAL,
+            max_processing_time=s.MAX_PROCESSING_TIME,
+            max_retry_num=s.MAX_RETRY_NUM,
+            retry_strategy=s.RETRY_STRATEGY,
+            retry_interval=s.RETRY_INTERVAL,
+            max_retry_interval=s.MAX_RETRY_INTERVAL,
+            retry_jitter=s.RETRY_JITTER,
+            concurrency_limit=s.CONCURRENCY_LIMIT,
+            priority_aging=s.PRIORITY_AGING,
+            pending_timeout=s.PENDING_TIMEOUT,
+            success_retention=s.SUCCESS_RETENTION,
+            purge_after_days=s.PURGE_AFTER_DAYS,
+        )
+
+
+class SchedulePos(models.Model):
+    """Table-rolling positions of a task type: where claims read and where new tasks are written."""
+
+    task_type = models.CharField(max_length=100, primary_key=True)
+    schedule_begin_pos = models.PositiveIntegerField(default=1)
+    schedule_end_pos = models.PositiveIntegerField(default=1)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "schedule position"
+
+    def __str__(self) -> str:
+        return f"{self.task_type}: {self.schedule_begin_pos}..{self.schedule_end_pos}"
+
+
+class Lock(models.Model):
+    """A named lease held by an owner until it expires (the no-Redis fallback of taskflow.locks)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    owner = models.CharField(max_length=200)
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} -> {self.owner}"
+
+
+class WorkerProcess(models.Model):
+    """A live worker process, heartbeating on its own so a dead one is noticed quickly."""
+
+    worker_id = models.CharField(max_length=200, primary_key=True)
+    host = models.CharField(max_length=200)
+    pid = models.PositiveIntegerField()
+    task_types = models.JSONField(default=list)
+    concurrency = models.PositiveIntegerField(default=1)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        verbose_name = "worker"
+
+    def __str__(self) -> str:
+        return self.worker_id

@@ -1,0 +1,41 @@
+"""Task handlers: `@taskflow.handler("type")` registers a function for a task type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .exceptions import UnknownTaskType
+from .validation import validate_task_type
+
+Handler = Callable[..., Any]
+_handlers: dict[str, Handler] = {}
+
+
+def handler(task_type: str) -> Callable[[Handler], Handler]:
+    """Register the decorated function as the handler of `task_type`; it receives a TaskContext."""
+    validate_task_type(task_type)
+
+    def register(fn: Handler) -> Handler:
+        existing = _handlers.get(task_type)
+        if existing is not None and existing is not fn and _qualname(existing) != _qualname(fn):
+            raise ValueError(f"task type {task_type!r} already has a handler: {_qualname(existing)}")
+        _handlers[task_type] = fn
+        return fn
+
+    return register
+
+
+def get_handler(task_type: str) -> Handler:
+    try:
+        return _handlers[task_type]
+    except KeyError:
+        raise UnknownTaskType(f"no handler registered for task type {task_type!r}") from None
+
+
+def registered_types() -> list[str]:
+    return sorted(_handlers)
+
+
+def _qualname(fn: Handler) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

@@ -1,0 +1,77 @@
+"""Waking workers when work arrives: Redis pub/sub when configured, in-process listeners always.
+
+Wake-ups are a latency optimisation only; workers also poll, so a lost message delays a task by
+at most one poll interval and never loses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from django.db import transaction
+
+from .redis import get_redis, key
+
+log = logging.getLogger("taskflow.wakeup")
+CHANNEL = key("wakeup")
+Listener = Callable[[set[str]], None]
+_local: list[Listener] = []
+
+
+def notify_on_commit(task_types: Iterable[str]) -> None:
+    """Wake workers for these types once the surrounding transaction commits (now, if none)."""
+    types = set(task_types)
+    if types:
+        transaction.on_commit(lambda: publish(types))
+
+
+def publish(task_types: set[str]) -> None:
+    for listener in list(_local):
+        listener(task_types)
+    client = get_redis()
+    if client is None:
+        return
+    try:
+        client.publish(CHANNEL, ",".join(sorted(task_types)))
+    except Exception as exc:  # polling covers a missed wake-up
+        log.warning("wake-up publish failed: %s", exc)
+
+
+def add_local_listener(listener: Listener) -> None:
+    _local.append(listener)
+
+
+def remove_local_listener(listener: Listener) -> None:
+    if listener in _local:
+        _local.remove(listener)
+
+
+class RedisListener(threading.Thread):
+    """Subscribes to the wake-up channel and calls `on_wakeup` with the announced types."""
+
+    def __init__(self, on_wakeup: Listener, stop: threading.Event) -> None:
+        super().__init__(name="taskflow-wakeup", daemon=True)
+        self.on_wakeup, self.stop = on_wakeup, stop
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            client = get_redis()
+            if client is None:
+                return
+            try:
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(CHANNEL)
+                # Anything published while we were (re)connecting was missed: look once.
+                self.on_wakeup(set())
+                while not self.stop.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message and message.get("type") == "message":
+                        data = message["data"].decode() if isinstance(message["data"], bytes) else message["data"]
+                        self.on_wakeup({t for t in data.split(",") if t})
+                pubsub.close()
+            except Exception as exc:
+                log.warning("wake-up listener lost Redis (%s); polling until it returns", exc)
+                self.stop.wait(1.0 + time.monotonic() % 1)

@@ -1,0 +1,116 @@
+"""Shared fixtures: a clean Redis namespace, and real worker/watcher processes on the test database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+from taskflow.configs import configs
+from taskflow.redis import get_redis
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Iterator[None]:
+    """Each test starts with no cached ScheduleCfg and no taskflow keys in Redis."""
+    configs.clear()
+    client = get_redis()
+    if client is not None:
+        for k in client.scan_iter("taskflow:*"):
+            client.delete(k)
+    yield
+    configs.clear()
+
+
+@pytest.fixture
+def redis_client():  # noqa: ANN201
+    client = get_redis()
+    if client is None:
+        pytest.skip("needs Redis (set REDIS_URL)")
+    return client
+
+
+def database_url() -> str:
+    """A DATABASE_URL for the database the tests are using (the test database)."""
+    s = connection.settings_dict
+    vendor = connection.vendor
+    if vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    scheme = {"mysql": "mysql", "postgresql": "postgres"}[vendor]
+    auth = quote(s["USER"] or "", safe="")
+    if s.get("PASSWORD"):
+        auth += ":" + quote(s["PASSWORD"], safe="")
+    return f"{scheme}://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or ''}/{s['NAME']}"
+
+
+@pytest.fixture
+def run_log(tmp_path: Path) -> Path:
+    """The file test handlers append one line per run to (see tests/taskapp/tasks.py)."""
+    return tmp_path / "runs.log"
+
+
+def read_runs(path: Path) -> list[list[str]]:
+    if not path.exists():
+        return []
+    return [line.split() for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def process_env(transactional_db, run_log: Path) -> dict[str, str]:  # noqa: ANN001
+    """Environment for child processes: same test database, Redis and handlers as this test."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        DJANGO_SECRET_KEY="taskflow-tests-only",
+        DATABASE_URL=database_url(),
+        TASKFLOW_TEST_LOG=str(run_log),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture
+def spawn(process_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start `manage.py <args>` as a real process; every process still running is killed at teardown."""
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(tmp_path / f"proc-{len(procs)}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "manage.py"), *args],
+            cwd=REPO,
+            env={**process_env, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        proc.log_path = log.name  # type: ignore[attr-defined]
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05) -> object:
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

@@ -1,0 +1,25 @@
+"""Test settings: the project's settings with the engine's timings shortened."""
+
+import os
+
+os.environ.setdefault("DJANGO_SECRET_KEY", "taskflow-tests-only")
+
+from project.settings import *  # noqa: E402,F403
+from project.settings import INSTALLED_APPS, TASKFLOW  # noqa: E402
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.taskapp"]
+
+TASKFLOW = {
+    **TASKFLOW,
+    "SCHEDULE_INTERVAL": 0.2,
+    "CONFIG_REFRESH": 0.2,
+    "RETRY_INTERVAL": 0.1,
+    "MAX_RETRY_INTERVAL": 1.0,
+    "HEARTBEAT_INTERVAL": 0.5,
+    "LIVENESS_TIMEOUT": 3.0,
+    "SHUTDOWN_GRACE": 5.0,
+    "RECONCILE_INTERVAL": 1.0,
+    "WATCH_INTERVAL": 0.5,
+    "LEADER_TTL": 2.0,
+}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,0 +1,89 @@
+"""Handlers used by the tests. Each run is appended to TASKFLOW_TEST_LOG (one line per run), so
+tests in other processes can count exactly how often each task ran."""
+
+import os
+import threading
+import time
+
+import taskflow
+
+_log_lock = threading.Lock()
+
+
+def record(ctx, what="run"):
+    path = os.environ.get("TASKFLOW_TEST_LOG")
+    if path:
+        line = f"{ctx.task_id} {ctx.attempt} {what} {ctx.worker_id} {time.time():.6f}\n"
+        with _log_lock:
+            # O_APPEND writes of one short line are atomic, even across processes.
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+
+
+@taskflow.handler("test.noop")
+def noop(ctx):
+    return None
+
+
+@taskflow.handler("test.record")
+def record_run(ctx):
+    record(ctx)
+    time.sleep(float(ctx.payload.get("sleep", 0)))
+    return {"n": ctx.payload.get("n")}
+
+
+@taskflow.handler("test.fail")
+def always_fail(ctx):
+    record(ctx)
+    raise RuntimeError(f"boom on attempt {ctx.attempt}")
+
+
+@taskflow.handler("test.flaky")
+def flaky(ctx):
+    """Fails until attempt `succeed_on`, then succeeds."""
+    record(ctx)
+    if ctx.attempt < ctx.payload.get("succeed_on", 2):
+        raise ValueError("not yet")
+    return {"attempt": ctx.attempt}
+
+
+@taskflow.handler("test.sleep")
+def sleep(ctx):
+    """Sleeps `seconds` (default: forever, in short naps) without heartbeating."""
+    record(ctx, "start")
+    seconds = ctx.payload.get("seconds")
+    end = time.monotonic() + (seconds if seconds is not None else 10**9)
+    while time.monotonic() < end:
+        time.sleep(0.05)
+    record(ctx, "end")
+    return {"slept": seconds}
+
+
+@taskflow.handler("test.heartbeat")
+def heartbeat(ctx):
+    """Runs `seconds`, calling ctx.heartbeat() every `every` seconds."""
+    record(ctx, "start")
+    end = time.monotonic() + ctx.payload["seconds"]
+    while time.monotonic() < end:
+        time.sleep(ctx.payload.get("every", 0.2))
+        ctx.heartbeat()
+    record(ctx, "end")
+    return {"ok": True}
+
+
+@taskflow.handler("test.control")
+def control(ctx):
+    """Does what the payload says: snooze, fail, next_stage, checkpoint."""
+    record(ctx)
+    action = ctx.payload.get("action")
+    if action == "snooze" and ctx.checkpoint is None:
+        ctx.save_checkpoint("snoozed")
+        ctx.snooze(ctx.payload.get("delay", 0))
+    if action == "fail":
+        ctx.fail("no point retrying")
+    if action == "stages" and ctx.stage != "second":
+        ctx.next_stage("second", context={"from": ctx.stage or "first"})
+    return {"stage": ctx.stage, "context": ctx.context, "checkpoint": ctx.checkpoint}
