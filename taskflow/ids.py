@@ -86,5 +86,9 @@ class IdGenerator:
 
 
 _generator = IdGenerator()
-next_id = _generator.next_id
 next_ids = _generator.next_ids
+
+
+def next_id() -> int:
+    """A new task id; a module-level function so migrations can reference it as Task.id's default."""
+    return _generator.next_id()

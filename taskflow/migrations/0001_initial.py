@@ -74,7 +74,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Task',
             fields=[
-                ('id', models.BigIntegerField(default=taskflow.ids.IdGenerator.next_id, editable=False, primary_key=True, serialize=False)),
+                ('id', models.BigIntegerField(default=taskflow.ids.next_id, editable=False, primary_key=True, serialize=False)),
                 ('task_type', models.CharField(max_length=100)),
                 ('key', models.CharField(blank=True, db_column='task_key', max_length=255, null=True)),
                 ('version', models.BigIntegerField(default=0)),
