@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from django.db import DatabaseError, close_old_connections, connection
+from django.utils import timezone
 
 from . import registry, wakeup
 from .attempts import LeaseLost, Outcome, Report, apply_reports
@@ -36,6 +37,10 @@ from .validation import validate_json
 log = logging.getLogger("taskflow.worker")
 
 
+class TooManyStuckHandlers(RuntimeError):
+    """More handler threads are stuck past their deadlines than the worker tolerates: restart it."""
+
+
 def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
@@ -49,6 +54,7 @@ class Worker:
         burst: bool = False,
         grace: float | None = None,
         worker_id: str | None = None,
+        max_stuck: int | None = None,
     ) -> None:
         types = list(task_types) if task_types else registry.registered_types()
         for task_type in types:
@@ -64,6 +70,8 @@ class Worker:
         self.worker_id = worker_id or new_worker_id()
         self.host = socket.gethostname()
         self.limiter = Limiter()
+        # Stuck handler threads tolerated before the worker stops for a restart (see _release_stuck).
+        self.max_stuck = concurrency if max_stuck is None else max_stuck
 
         self._stopping = threading.Event()  # stop claiming; hand back what has not started
         self._done = threading.Event()  # every thread should exit
@@ -75,6 +83,8 @@ class Worker:
         self._in_flight = 0
         self._in_flight_by_type: dict[str, int] = defaultdict(int)
         self._running: dict[int, ClaimedTask] = {}  # started, not yet reported
+        self._stuck: set[tuple[int, int]] = set()  # (id, lease_token) of attempts past their deadline
+        self._gave_up = False
         self._backlog: set[str] = set()  # types whose last claim came back full
         self._woken: set[str] = set()
         self._next_poll: dict[str, float] = {t: 0.0 for t in types}
@@ -94,6 +104,8 @@ class Worker:
         finally:
             self._shutdown()
         log.info("worker %s stopped after %d tasks", self.worker_id, self.processed)
+        if self._gave_up:
+            raise TooManyStuckHandlers(f"{len(self._stuck)} handler thread(s) stuck past their deadlines")
 
     def request_stop(self) -> None:
         """Stop claiming and begin a graceful shutdown (safe to call from a signal handler)."""
@@ -133,6 +145,7 @@ class Worker:
     def _claim_loop(self) -> None:
         failures = 0
         while not self._stopping.is_set():
+            self._release_stuck()
             # Sampled before the round: a report flushed during it may have requeued work.
             idle = self.in_flight == 0 and self._reports.empty()
             try:
@@ -212,8 +225,50 @@ class Worker:
             task = self._jobs.get()
             if task is None:
                 return
-            self._reports.put(self._execute(task))
+            report = self._execute(task)
+            replaced = self._count_again_if_stuck(task)
+            self._reports.put(report)
             self._reports_ready.set()
+            if replaced:
+                return  # a replacement thread has taken this one's place in the pool
+
+    def _release_stuck(self) -> None:
+        """Stop counting handler threads whose attempt is past its deadline, and replace them.
+
+        A Python thread cannot be killed: a stuck handler runs on, but no longer holds a slot, so the
+        worker keeps its full capacity (taskwatch takes the task away and its late report is refused).
+        Past `max_stuck` such threads the worker stops and run() raises, so a supervisor restarts it.
+        """
+        now = timezone.now()
+        with self._lock:
+            late = [
+                t
+                for t in self._running.values()
+                if t.lease_expires_at < now and (t.id, t.lease_token) not in self._stuck
+            ]
+            for task in late:
+                self._stuck.add((task.id, task.lease_token))
+                self._in_flight -= 1
+                self._in_flight_by_type[task.task_type] -= 1
+            stuck = len(self._stuck)
+        for task in late:
+            log.warning("task %s attempt %d is past its deadline: its thread is replaced", task.id, task.attempt)
+            self._spawn(self._handler_loop, f"taskflow-handler-for-{task.id}")
+        if stuck > self.max_stuck and not self._gave_up:
+            log.error("%d handler thread(s) stuck (max %d): stopping for a restart", stuck, self.max_stuck)
+            self._gave_up = True
+            self.request_stop()
+
+    def _count_again_if_stuck(self, task: ClaimedTask) -> bool:
+        """Whether this finished attempt had been written off as stuck (it is counted again until flushed)."""
+        with self._lock:
+            if (task.id, task.lease_token) not in self._stuck:
+                return False
+            self._stuck.discard((task.id, task.lease_token))
+            # Its report is flushed like any other, which releases one slot per report.
+            self._in_flight += 1
+            self._in_flight_by_type[task.task_type] += 1
+            return True
 
     def _execute(self, task: ClaimedTask) -> Report:
         if self._stopping.is_set():
@@ -241,7 +296,9 @@ class Worker:
             )
         report.cost_ms = int((time.perf_counter() - started) * 1000)
         with self._lock:
-            self._running.pop(task.id, None)
+            # The same task may run again here after a rescue while this stuck attempt lingered.
+            if self._running.get(task.id) is task:
+                del self._running[task.id]
         return report
 
     # -- reporting -----------------------------------------------------------------------------
@@ -314,7 +371,8 @@ class Worker:
         while self.in_flight and time.monotonic() < deadline:
             time.sleep(0.05)
         with self._lock:
-            unfinished = list(self._running.values())
+            # Stuck attempts are past their deadline already: taskwatch rescues them.
+            unfinished = [t for t in self._running.values() if (t.id, t.lease_token) not in self._stuck]
         if unfinished:
             # Past the grace period: count the attempt and requeue by the retry policy, so a
             # task longer than any deploy window cannot loop forever.

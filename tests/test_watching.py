@@ -1,0 +1,297 @@
+"""The taskwatch duties against the real database (and Redis when configured), one at a time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+from django.utils import timezone
+
+import taskflow
+from taskflow import watching
+from taskflow.attempts import LeaseLost, Outcome, Report, apply_reports, heartbeat
+from taskflow.claiming import ClaimedTask, claim_batch
+from taskflow.configs import configs
+from taskflow.limiter import Limiter, counter_key
+from taskflow.models import ScheduleCfg, Status, Task, WorkerProcess
+from taskflow.worker import TooManyStuckHandlers, Worker
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER = "host-a:101:abcdef"
+
+
+def _cfg(task_type: str, **changes: object) -> ScheduleCfg:
+    cfg = configs.get(task_type)
+    ScheduleCfg.objects.filter(pk=task_type).update(**changes)
+    configs.clear()
+    cfg.refresh_from_db()
+    return cfg
+
+
+def _claim(task_type: str = "test.noop", worker_id: str = WORKER, host: str = "") -> ClaimedTask:
+    (claimed,) = claim_batch(configs.get(task_type), 1, worker_id, host=host)
+    return claimed
+
+
+def _worker_row(worker_id: str = WORKER, *, age: float) -> None:
+    beat = timezone.now() - timedelta(seconds=age)
+    WorkerProcess.objects.create(worker_id=worker_id, host="host-a", pid=101, started_at=beat, heartbeat_at=beat)
+
+
+# -- rescues --------------------------------------------------------------------------------------
+
+
+def test_dead_worker_attempt_is_counted_requeued_and_fenced():
+    task = taskflow.enqueue("test.noop")
+    claimed = _claim()
+    _worker_row(age=10)  # LIVENESS_TIMEOUT is 3s in the test settings
+
+    assert watching.rescue_dead_workers() == 1
+
+    task.refresh_from_db()
+    assert task.status == Status.PENDING
+    assert task.attempts == 1  # counted at claim, not again
+    assert task.lease_token == claimed.lease_token + 1
+    assert task.lease_expires_at is None
+    assert task.schedule_log[0]["outcome"] == "rescued"
+    assert task.schedule_log[0]["worker"] == WORKER
+    assert f"worker {WORKER} stopped heartbeating" in task.status_msg
+    assert task.run_after > claimed.claimed_at  # back-off from the retry policy
+    # The dead attempt's late report changes nothing.
+    assert (
+        apply_reports(
+            [Report(claimed, Outcome.SUCCESS, result={"late": True})], {"test.noop": configs.get("test.noop")}
+        )
+        == []
+    )
+    task.refresh_from_db()
+    assert task.status == Status.PENDING and task.result is None
+    # Idempotent: nothing left to do, and the row goes once nothing of the worker is processing.
+    assert watching.rescue_dead_workers() == 0
+    assert watching.reap_dead_worker_rows() == 1
+    assert not WorkerProcess.objects.exists()
+
+
+def test_live_worker_keeps_its_attempts():
+    taskflow.enqueue("test.noop")
+    _claim()
+    _worker_row(age=0.5)
+    assert watching.rescue_dead_workers() == 0
+    assert watching.reap_dead_worker_rows() == 0
+    assert Task.objects.get().status == Status.PROCESSING
+
+
+def test_attempt_of_a_worker_without_a_row_is_rescued_once_silent_for_the_timeout():
+    task = taskflow.enqueue("test.noop")
+    _claim()
+    assert watching.rescue_dead_workers() == 0  # it may simply not have beaten yet
+    Task.objects.filter(pk=task.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=10))
+    assert watching.rescue_dead_workers() == 1
+    assert Task.objects.get(pk=task.pk).status == Status.PENDING
+
+
+def test_rescue_of_the_last_allowed_attempt_fails_the_task():
+    task = taskflow.enqueue("test.noop", max_retries=1)
+    for _ in range(2):
+        Task.objects.filter(pk=task.pk).update(run_after=timezone.now() - timedelta(seconds=1))
+        _claim()
+        _worker_row(age=10)
+        assert watching.rescue_dead_workers() == 1
+        WorkerProcess.objects.all().delete()
+    task.refresh_from_db()
+    assert task.status == Status.FAILED
+    assert task.attempts == 2
+    assert task.status_msg.startswith("failed after 2 attempts")
+    assert [e["outcome"] for e in task.schedule_log] == ["rescued", "rescued"]
+    assert task.finished_at is not None
+
+
+def test_expired_attempt_is_rescued_but_a_heartbeating_one_is_not():
+    expired, alive = taskflow.enqueue("test.noop"), taskflow.enqueue("test.noop")
+    (a, b) = claim_batch(configs.get("test.noop"), 2, WORKER)
+    _worker_row(age=0)
+    late = a if a.id == expired.id else b
+    Task.objects.filter(pk=expired.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+    assert watching.rescue_expired_attempts() == 1
+    assert Task.objects.get(pk=expired.pk).status == Status.PENDING
+    assert Task.objects.get(pk=alive.pk).status == Status.PROCESSING
+    assert "ran past its deadline" in Task.objects.get(pk=expired.pk).status_msg
+    with pytest.raises(LeaseLost):
+        heartbeat(late)
+    assert watching.rescue_expired_attempts() == 0
+
+
+def test_rescue_gives_the_limiter_slot_back(redis_client):
+    _cfg("test.noop", concurrency_limit=1)
+    taskflow.enqueue("test.noop")
+    limiter = Limiter()
+    assert limiter.take("test.noop", 1, 1) == 1
+    _claim()
+    assert limiter.take("test.noop", 1, 1) == 0  # the one slot is held
+    _worker_row(age=10)
+    assert watching.rescue_dead_workers() == 1
+    assert int(redis_client.get(counter_key("test.noop"))) == 0
+    # A second pass finds nothing, so the slot is not given back twice.
+    assert watching.rescue_dead_workers() == 0
+    assert limiter.take("test.noop", 1, 1) == 1
+
+
+def test_rescued_task_asking_for_host_affinity_prefers_its_first_host():
+    wants = taskflow.enqueue("test.noop", {"_retry_same_host": 60})
+    anywhere = taskflow.enqueue("test.noop")
+    claim_batch(configs.get("test.noop"), 2, WORKER)
+    _worker_row(age=10)
+    assert watching.rescue_dead_workers() == 2
+
+    wants.refresh_from_db()
+    anywhere.refresh_from_db()
+    assert wants.prefer_host == "host-a"
+    assert timedelta(seconds=55) < wants.prefer_host_until - timezone.now() <= timedelta(seconds=60)
+    assert anywhere.prefer_host == ""
+    Task.objects.update(run_after=timezone.now())
+    other = claim_batch(configs.get("test.noop"), 2, "host-b:1:x", host="host-b")
+    assert [t.id for t in other] == [anywhere.id]
+    assert [t.id for t in claim_batch(configs.get("test.noop"), 2, "host-a:2:y", host="host-a")] == [wants.id]
+
+
+# -- lifetimes ------------------------------------------------------------------------------------
+
+
+def test_pending_past_its_timeout_fails_unless_the_type_is_paused():
+    _cfg("test.noop", pending_timeout=60)
+    _cfg("test.record", pending_timeout=60, paused=True)
+    stale = taskflow.enqueue("test.noop", run_after=-120)
+    fresh = taskflow.enqueue("test.noop", run_after=-30)
+    later = taskflow.enqueue("test.noop", run_after=600)
+    paused = taskflow.enqueue("test.record", run_after=-120)
+    other = taskflow.enqueue("test.fail", run_after=-(10**6))  # pending_timeout 0: never
+
+    assert watching.fail_stale_pending() == 1
+    assert watching.fail_stale_pending() == 0
+    statuses = dict(Task.objects.values_list("id", "status"))
+    assert statuses[stale.id] == Status.FAILED
+    assert {statuses[t.id] for t in (fresh, later, paused, other)} == {Status.PENDING}
+    assert "pending timeout" in Task.objects.get(pk=stale.pk).status_msg
+
+
+def test_success_past_its_retention_becomes_stopped():
+    _cfg("test.noop", success_retention=3600)
+    old, new = taskflow.enqueue("test.noop"), taskflow.enqueue("test.noop")
+    Task.objects.update(status=Status.SUCCESS, result={"ok": 1})
+    Task.objects.filter(pk=old.pk).update(updated_at=timezone.now() - timedelta(hours=2))
+
+    assert watching.expire_successes() == 1
+    assert watching.expire_successes() == 0
+    old.refresh_from_db()
+    assert old.status == Status.STOPPED and old.result == {"ok": 1}
+    assert Task.objects.get(pk=new.pk).status == Status.SUCCESS
+
+
+@override_settings(TASKFLOW={"PURGE_BATCH": 3})
+def test_purge_deletes_old_failed_and_stopped_in_batches():
+    _cfg("test.noop", purge_after_days=2)
+    old = [taskflow.enqueue("test.noop") for _ in range(10)]
+    recent = taskflow.enqueue("test.noop")
+    old_pending = taskflow.enqueue("test.noop")
+    Task.objects.filter(pk__in=[t.pk for t in old[:5]]).update(status=Status.FAILED)
+    Task.objects.filter(pk__in=[t.pk for t in old[5:]] + [recent.pk]).update(status=Status.STOPPED)
+    Task.objects.exclude(pk=recent.pk).update(updated_at=timezone.now() - timedelta(days=3))
+    statements: list[str] = []
+
+    from django.db import connection
+
+    with connection.execute_wrapper(lambda execute, sql, *a: statements.append(sql) or execute(sql, *a)):
+        assert watching.purge_finished() == 10
+    deletes = [s for s in statements if s.lstrip().upper().startswith("DELETE")]
+    assert len(deletes) == 4  # 3 + 3 + 3 + 1 rows, by primary key
+    assert set(Task.objects.values_list("id", flat=True)) == {recent.id, old_pending.id}
+    assert watching.purge_finished() == 0
+
+
+def test_purge_stops_between_batches_when_told():
+    _cfg("test.noop", purge_after_days=1)
+    for _ in range(5):
+        taskflow.enqueue("test.noop")
+    Task.objects.update(status=Status.FAILED, updated_at=timezone.now() - timedelta(days=2))
+    batches = iter([True, False])
+    with override_settings(TASKFLOW={"PURGE_BATCH": 2}):
+        assert watching.purge_finished(keep_going=lambda: next(batches)) == 2
+    assert Task.objects.count() == 3
+
+
+def test_taskwatch_once_makes_one_pass():
+    _cfg("test.noop", pending_timeout=1)
+    task = taskflow.enqueue("test.noop", run_after=-5)
+    call_command("taskwatch", "--once")
+    assert Task.objects.get(pk=task.pk).status == Status.FAILED
+
+
+# -- the worker's side of a stuck handler ---------------------------------------------------------
+
+
+def test_worker_replaces_a_handler_thread_stuck_past_its_deadline():
+    stuck = taskflow.enqueue("test.sleep", {"seconds": 4}, timeout=1)
+    worker = Worker(["test.sleep", "test.record"], concurrency=1)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: Task.objects.get(pk=stuck.pk).status == Status.PROCESSING, timeout=20)
+        others = [taskflow.enqueue("test.record", {"n": n}) for n in range(3)]
+        # With its only slot held by a stuck thread the worker still runs the rest, soon after the deadline.
+        wait_until(lambda: Task.objects.filter(pk__in=[t.pk for t in others], status=Status.SUCCESS).count() == 3)
+        assert Task.objects.get(pk=stuck.pk).status == Status.PROCESSING
+        # Nobody took the stuck task away, so its late report still counts, and its slot evens out.
+        wait_until(lambda: Task.objects.get(pk=stuck.pk).status == Status.SUCCESS, timeout=20)
+        wait_until(lambda: worker.in_flight == 0 and not worker._stuck)
+    finally:
+        worker.request_stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def test_worker_stops_when_too_many_handlers_are_stuck():
+    for _ in range(2):
+        taskflow.enqueue("test.sleep", {"seconds": 3}, timeout=1)
+    worker = Worker(["test.sleep"], concurrency=1, max_stuck=1, grace=1)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the worker kept running with every handler stuck"
+    assert [type(e) for e in raised] == [TooManyStuckHandlers]
+    # Both tasks stay processing: taskwatch rescues them once past their deadlines.
+    assert Task.objects.filter(status=Status.PROCESSING).count() == 2
+
+
+@pytest.mark.processes
+def test_pausing_a_type_stops_claims_without_touching_running_tasks(spawn, run_log):
+    from .conftest import read_runs
+
+    running = taskflow.enqueue("test.sleep", {"seconds": 3})
+    spawn("taskworker", "--types", "test.sleep", "--concurrency", "4")
+    wait_until(lambda: Task.objects.get(pk=running.pk).status == Status.PROCESSING, timeout=60)
+    ScheduleCfg.objects.filter(pk="test.sleep").update(paused=True)
+    time.sleep(1.0)  # CONFIG_REFRESH (0.2s) + one poll (0.2s), with room to spare
+    waiting = taskflow.enqueue("test.sleep", {"seconds": 0})
+    # The running task finishes as usual, while the new one is not claimed.
+    wait_until(lambda: Task.objects.get(pk=running.pk).status == Status.SUCCESS, timeout=30)
+    time.sleep(1.0)
+    assert Task.objects.get(pk=waiting.pk).status == Status.PENDING
+    ScheduleCfg.objects.filter(pk="test.sleep").update(paused=False)
+    wait_until(lambda: Task.objects.get(pk=waiting.pk).status == Status.SUCCESS, timeout=30)
+    assert sorted(r[0] for r in read_runs(run_log) if r[2] == "start") == sorted([str(running.pk), str(waiting.pk)])
