@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from . import limiter
 from .models import ScheduleCfg, Status, Task
 
 _COLUMNS = (
@@ -75,22 +76,24 @@ def claim_batch(
     *,
     host: str = "",
     exact_limit: int = 0,
+    exact_global_limit: int | None = None,
     now: datetime | None = None,
 ) -> list[ClaimedTask]:
     """Claim up to `limit` due pending tasks of `cfg.task_type` for `worker_id`.
 
-    `exact_limit` > 0 enforces a concurrency limit in the database: the type's ScheduleCfg row is
+    `exact_limit` (per type) and `exact_global_limit` (all types; None: GLOBAL_CONCURRENCY_LIMIT
+    when there is no Redis limiter) > 0 enforce concurrency limits in the database: a row is
     locked and the running count taken inside the claim's transaction, so concurrent claimers
-    can never together exceed it (the fallback when there is no Redis limiter).
+    can never together exceed them (see limiter.exact_room).
     """
     if limit <= 0:
         return []
     now = now or timezone.now()
+    if exact_global_limit is None:
+        exact_global_limit = limiter.exact_global_limit()
     with transaction.atomic():
-        if exact_limit > 0:
-            list(ScheduleCfg.objects.select_for_update().filter(pk=cfg.task_type).values_list("pk"))
-            running = Task.objects.filter(task_type=cfg.task_type, status=Status.PROCESSING).count()
-            limit = min(limit, exact_limit - running)
+        if exact_limit > 0 or exact_global_limit > 0:
+            limit = limiter.exact_room(cfg.task_type, limit, exact_limit, exact_global_limit)
             if limit <= 0:
                 return []
         due = Task.objects.filter(status=Status.PENDING, task_type=cfg.task_type, run_after__lte=now)
