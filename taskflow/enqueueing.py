@@ -6,8 +6,10 @@ workers are woken only after the commit.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,6 +22,7 @@ from .configs import configs
 from .exceptions import InvalidTask, StaleVersion
 from .models import Status, Task, TaskKey
 from .validation import (
+    MAX_BIGINT,
     resolve_run_after,
     validate_json,
     validate_key,
@@ -75,7 +78,7 @@ class TaskSpec:
             task_type=validate_task_type(task_type),
             payload=validate_json("payload", {} if payload is None else payload),
             key=validate_key(options.get("key")),
-            version=validate_non_negative_int("version", options.get("version", 0)),  # type: ignore[arg-type]
+            version=validate_non_negative_int("version", options.get("version", 0), maximum=MAX_BIGINT),  # type: ignore[arg-type]
             priority=validate_priority(options.get("priority", 0)),
             run_after=resolve_run_after(options.get("run_after"), now),
             max_retries=validate_non_negative_int("max_retries", options.get("max_retries"), allow_none=True),
@@ -118,12 +121,14 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
 
     # Unkeyed tasks cannot be refused, so they join the caller's transaction without the cost of
     # a savepoint; a call with keys gets one, so a StaleVersion undoes the whole call and nothing else.
-    with transaction.atomic(savepoint=bool(keyed)):
+    # A lone INSERT is atomic by itself: no transaction needed (one round trip, not four).
+    single_statement = not keyed and len(fresh) <= INSERT_BATCH
+    with transaction.atomic(savepoint=bool(keyed)) if not single_statement else nullcontext():
         for (i, task), task_id in zip(fresh, ids.next_ids(len(fresh)), strict=True):
             task.id = task_id
             results[i] = task
         if fresh:
-            Task.objects.bulk_create([t for _, t in fresh], batch_size=1000)
+            insert_tasks([t for _, t in fresh])
         # Identity locks are taken in one global order so two bulk calls cannot deadlock.
         for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
             results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now)
@@ -142,25 +147,48 @@ def _spec_from_mapping(request: Mapping[str, Any], now: datetime) -> TaskSpec:
 
 def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
     run_after = spec.run_after or now
-    task = Task(
-        task_type=spec.task_type,
-        key=spec.key,
-        version=spec.version,
-        priority=spec.priority,
-        payload=spec.payload,
-        context=spec.context,
-        stage=spec.stage,
-        max_retries=spec.max_retries,
-        timeout=spec.timeout,
-        run_after=run_after,
-        order_time=order_time(run_after, spec.priority, aging),
-        trace_id=spec.trace_id or uuid.uuid4().hex,
-        user_id=spec.user_id,
-        created_at=now,
-        updated_at=now,
-    )
+    values = {
+        "task_type": spec.task_type,
+        "key": spec.key,
+        "version": spec.version,
+        "priority": spec.priority,
+        "payload": spec.payload,
+        "context": spec.context,
+        "stage": spec.stage,
+        "max_retries": spec.max_retries,
+        "timeout": spec.timeout,
+        "run_after": run_after,
+        "order_time": order_time(run_after, spec.priority, aging),
+        "trace_id": spec.trace_id or uuid.uuid4().hex,
+        "user_id": spec.user_id,
+        "created_at": now,
+        "updated_at": now,
+    }
+    # Positional construction skips the per-field keyword handling of Model.__init__, which
+    # dominated bulk enqueueing; defaults come from one template row.
+    row = _template_row()
+    for name, value in values.items():
+        row[_FIELD_INDEX[name]] = value
+    task = Task(*row)
     task.enqueue_outcome = CREATED  # type: ignore[attr-defined]
     return task
+
+
+_FIELD_INDEX: dict[str, int] = {}
+_TEMPLATE: list[Any] = []
+
+
+def _template_row() -> list[Any]:
+    if not _TEMPLATE:
+        for i, f in enumerate(Task._meta.concrete_fields):
+            _FIELD_INDEX[f.attname] = i
+            _TEMPLATE.append(f.get_default())
+        _TEMPLATE[_FIELD_INDEX["id"]] = None
+    row = _TEMPLATE[:]
+    # Mutable defaults (dict/list) must not be shared between tasks.
+    for name in ("payload", "context", "schedule_log"):
+        row[_FIELD_INDEX[name]] = type(_TEMPLATE[_FIELD_INDEX[name]])()
+    return row
 
 
 def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime) -> Task:
@@ -187,7 +215,7 @@ def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime) -> Task:
     else:
         task = _new_task(spec, aging, now)
         task.id = ids.next_id()
-        task.save(force_insert=True)
+        insert_tasks([task])
 
     if spec.version > head.version:
         TaskKey.objects.filter(pk=head.pk).update(version=spec.version)
@@ -233,3 +261,72 @@ def _replace(existing: Task, spec: TaskSpec, aging: float, now: datetime) -> Tas
     task = Task.objects.get(pk=existing.pk)
     task.enqueue_outcome = REPLACED if updated else EXISTING  # type: ignore[attr-defined]
     return task
+
+
+INSERT_BATCH = 1000
+
+
+def insert_tasks(tasks: list[Task]) -> None:
+    """INSERT new task rows with multi-row statements of up to INSERT_BATCH rows.
+
+    Hand-built because the ORM's bulk_create prepares every field of every row one call at a time,
+    which costs several times more than the database's own work for a table this wide. Columns
+    whose value is the same for the whole batch are converted once.
+    """
+    fields = Task._meta.concrete_fields
+    qn = connection.ops.quote_name
+    table, columns = qn(Task._meta.db_table), ", ".join(qn(f.column) for f in fields)
+    attnames = [f.attname for f in fields]
+    adapters = [_adapter(f) for f in fields]
+    # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
+    # once saves most of that. Other drivers bind parameters natively and gain nothing.
+    literal = connection.connection.literal if connection.vendor == "mysql" else None
+    for start in range(0, len(tasks), INSERT_BATCH):
+        chunk = tasks[start : start + INSERT_BATCH]
+        marks: list[str] = []
+        varying: list[int] = []
+        for i, name in enumerate(attnames):
+            first = getattr(chunk[0], name)
+            if literal is not None and all(getattr(t, name) == first for t in chunk):
+                rendered = literal(adapters[i](first))
+                marks.append((rendered.decode() if isinstance(rendered, bytes) else rendered).replace("%", "%%"))
+            else:
+                marks.append(_placeholder(fields[i]))
+                varying.append(i)
+        params: list[Any] = []
+        for task in chunk:
+            params.extend(adapters[i](getattr(task, attnames[i])) for i in varying)
+        row_sql = "(" + ", ".join(marks) + ")"
+        sql = f"INSERT INTO {table} ({columns}) VALUES " + ", ".join([row_sql] * len(chunk))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+    for task in tasks:
+        task._state.adding = False
+        task._state.db = connection.alias
+
+
+def _placeholder(model_field: Any) -> str:
+    # PostgreSQL will not put a text parameter into a jsonb column without a cast.
+    if connection.vendor == "postgresql" and model_field.get_internal_type() == "JSONField":
+        return "CAST(%s AS jsonb)"
+    return "%s"
+
+
+def _adapter(model_field: Any):  # noqa: ANN202
+    kind = model_field.get_internal_type()
+    if kind == "JSONField":
+        return lambda v: None if v is None else json.dumps(v)
+    if kind == "DateTimeField":
+        adapt = connection.ops.adapt_datetimefield_value
+        cache: dict[datetime, Any] = {}
+
+        def adapt_datetime(v: datetime | None) -> Any:
+            # A batch shares a handful of timestamps: convert each distinct one once.
+            if v is None:
+                return None
+            if v not in cache:
+                cache[v] = adapt(v)
+            return cache[v]
+
+        return adapt_datetime
+    return lambda v: v

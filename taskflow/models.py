@@ -85,10 +85,11 @@ class Task(models.Model):
             ),
         ]
         indexes = [
+            # Every index holding `status` is rewritten at each transition, so there are few:
+            # claims read this one, and the small processing set (rescues) is its prefix too.
             models.Index(fields=["status", "task_type", "order_time"], name="taskflow_claim_idx"),
-            models.Index(fields=["status", "lease_expires_at"], name="taskflow_lease_idx"),
-            models.Index(fields=["status", "updated_at"], name="taskflow_status_age_idx"),
-            models.Index(fields=["worker_id", "status"], name="taskflow_worker_idx"),
+            # Retention and purge of finished tasks; pending/processing rows sit under NULL.
+            models.Index(fields=["status", "finished_at"], name="taskflow_finished_idx"),
             models.Index(fields=["task_type", "created_at"], name="taskflow_type_created_idx"),
         ]
         permissions = [("operate_task", "Can stop, retry, reschedule and re-prioritise tasks")]

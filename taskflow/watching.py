@@ -255,7 +255,7 @@ def expire_successes(now: datetime | None = None, keep_going: KeepGoing = _alway
     total = 0
     for cfg in ScheduleCfg.objects.filter(success_retention__gt=0):
         cutoff = now - timedelta(seconds=cfg.success_retention)
-        old = Q(task_type=cfg.task_type, status=Status.SUCCESS, updated_at__lt=cutoff)
+        old = Q(status=Status.SUCCESS, finished_at__lt=cutoff, task_type=cfg.task_type)
         count = _in_batches(
             old,
             lambda ids, old=old, cfg=cfg: Task.objects.filter(old, id__in=ids).update(
@@ -277,7 +277,8 @@ def purge_finished(now: datetime | None = None, keep_going: KeepGoing = _always)
         old = Q(
             task_type=cfg.task_type,
             status__in=[Status.FAILED, Status.STOPPED],
-            updated_at__lt=now - timedelta(days=cfg.purge_after_days),
+            # finished_at, not updated_at: it is indexed with status and never moves once set.
+            finished_at__lt=now - timedelta(days=cfg.purge_after_days),
         )
         count = _in_batches(old, lambda ids, old=old: Task.objects.filter(old, id__in=ids).delete()[0], keep_going)
         if count:

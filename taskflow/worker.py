@@ -182,9 +182,13 @@ class Worker:
             if cfg.paused or not due:
                 soonest = min(soonest, self._next_poll[task_type]) if not cfg.paused else soonest
                 continue
-            free = self.concurrency - self.in_flight
-            if free <= 0:
-                self._backlog.add(task_type)  # look again as soon as a slot frees
+            in_flight = self.in_flight
+            free = self.concurrency - in_flight
+            # While work is still running, wait for a worthwhile batch of free slots: claiming a
+            # few tasks at a time would spend the worker on claim round trips instead of tasks.
+            worthwhile = max(1, min(cfg.schedule_limit, self.concurrency) // 4)
+            if free <= 0 or (in_flight and free < worthwhile and task_type in self._backlog):
+                self._backlog.add(task_type)  # look again as soon as slots free
                 continue
             wanted = min(free, cfg.schedule_limit)
             granted = self.limiter.take(task_type, wanted, cfg.concurrency_limit)

@@ -186,7 +186,7 @@ def test_success_past_its_retention_becomes_stopped():
     _cfg("test.noop", success_retention=3600)
     old, new = taskflow.enqueue("test.noop"), taskflow.enqueue("test.noop")
     Task.objects.update(status=Status.SUCCESS, result={"ok": 1})
-    Task.objects.filter(pk=old.pk).update(updated_at=timezone.now() - timedelta(hours=2))
+    Task.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(hours=2))
 
     assert watching.expire_successes() == 1
     assert watching.expire_successes() == 0
@@ -203,7 +203,7 @@ def test_purge_deletes_old_failed_and_stopped_in_batches():
     old_pending = taskflow.enqueue("test.noop")
     Task.objects.filter(pk__in=[t.pk for t in old[:5]]).update(status=Status.FAILED)
     Task.objects.filter(pk__in=[t.pk for t in old[5:]] + [recent.pk]).update(status=Status.STOPPED)
-    Task.objects.exclude(pk=recent.pk).update(updated_at=timezone.now() - timedelta(days=3))
+    Task.objects.exclude(pk=recent.pk).update(finished_at=timezone.now() - timedelta(days=3))
     statements: list[str] = []
 
     from django.db import connection
@@ -220,7 +220,7 @@ def test_purge_stops_between_batches_when_told():
     _cfg("test.noop", purge_after_days=1)
     for _ in range(5):
         taskflow.enqueue("test.noop")
-    Task.objects.update(status=Status.FAILED, updated_at=timezone.now() - timedelta(days=2))
+    Task.objects.update(status=Status.FAILED, finished_at=timezone.now() - timedelta(days=2))
     batches = iter([True, False])
     with override_settings(TASKFLOW={"PURGE_BATCH": 2}):
         assert watching.purge_finished(keep_going=lambda: next(batches)) == 2
