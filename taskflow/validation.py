@@ -46,11 +46,18 @@ def validate_key(key: object) -> str | None:
     return key
 
 
-def validate_non_negative_int(name: str, value: object, *, allow_none: bool = False) -> int | None:
+# The largest values an integer and a bigint column hold on every supported database.
+MAX_INT, MAX_BIGINT = 2**31 - 1, 2**63 - 1
+
+
+def validate_non_negative_int(
+    name: str, value: object, *, allow_none: bool = False, maximum: int = MAX_BIGINT
+) -> int | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidTask(f"{name} must be a non-negative integer; got {value!r}")
+    # Out-of-range values would otherwise fail only at the INSERT, as a database error.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise InvalidTask(f"{name} must be an integer from 0 to {maximum}; got {value!r}")
     return value
 
 

@@ -114,3 +114,27 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+@pytest.fixture
+def start_worker(transactional_db, run_log: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., object]]:
+    """Run an in-process Worker on a thread (handlers log to `run_log`); each is stopped at teardown."""
+    import threading
+
+    from taskflow.worker import Worker
+
+    monkeypatch.setenv("TASKFLOW_TEST_LOG", str(run_log))
+    started: list[tuple[Worker, threading.Thread]] = []
+
+    def start(task_types: list[str], **options: object) -> Worker:
+        worker = Worker(task_types, **options)  # type: ignore[arg-type]
+        thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.request_stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "worker did not stop within 30s"

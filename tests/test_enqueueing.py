@@ -1,0 +1,405 @@
+"""Enqueueing: validation, the identity and version rules, atomicity, and concurrent duplicates."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+import taskflow
+from taskflow import wakeup
+from taskflow.claiming import claim_batch
+from taskflow.configs import configs
+from taskflow.models import ScheduleCfg, Status, Task, TaskKey
+
+from .conftest import wait_until
+
+T = "test.noop"
+
+
+def snapshot() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every task and identity row, to prove a refused call changed nothing."""
+    tasks = list(Task.objects.order_by("id").values())
+    # TaskKey.updated_at is touched by every keyed call: it is how the identity lock is taken.
+    keys = list(TaskKey.objects.order_by("task_type", "key").values("task_type", "key", "version"))
+    return tasks, keys
+
+
+def set_status(task: Task, status: str, **extra: Any) -> None:
+    Task.objects.filter(pk=task.pk).update(status=status, **extra)
+
+
+# -- validation ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("task_type", "payload", "options"),
+    [
+        ("", {}, {}),
+        ("9starts.with.digit", {}, {}),
+        ("has space", {}, {}),
+        ("x" * 101, {}, {}),
+        (None, {}, {}),
+        (T, {}, {"priority": -101}),
+        (T, {}, {"priority": 101}),
+        (T, {}, {"priority": True}),
+        (T, {}, {"priority": "1"}),
+        (T, {}, {"priority": 1.5}),
+        (T, {1, 2}, {}),
+        (T, object(), {}),
+        (T, {"nan": float("nan")}, {}),
+        (T, {(1, 2): "tuple key"}, {}),
+        (T, {}, {"colour": "red"}),
+        (T, {}, {"key": 5}),
+        (T, {}, {"key": "k" * 256}),
+        (T, {}, {"key": "k", "version": -1}),
+        (T, {}, {"key": "k", "version": "2"}),
+        (T, {}, {"key": "k", "version": 2**63}),
+        (T, {}, {"max_retries": -1}),
+        (T, {}, {"max_retries": 2**40}),
+        (T, {}, {"timeout": 0}),
+        (T, {}, {"timeout": 2**40}),
+        (T, {}, {"run_after": datetime(2030, 1, 1)}),  # noqa: DTZ001 - naive on purpose
+        (T, {}, {"run_after": "tomorrow"}),
+        (T, {}, {"context": {"s": {1}}}),
+        (T, {}, {"stage": 5}),
+        (T, {}, {"trace_id": "t" * 33}),
+    ],
+)
+def test_malformed_requests_are_refused_and_write_nothing(task_type: Any, payload: Any, options: dict) -> None:
+    with pytest.raises(taskflow.InvalidTask):
+        taskflow.enqueue(task_type, payload, **options)
+    assert not Task.objects.exists()
+    assert not TaskKey.objects.exists()
+    assert not ScheduleCfg.objects.exists()
+
+
+@pytest.mark.django_db
+def test_enqueue_many_refuses_the_whole_batch_for_one_malformed_item() -> None:
+    with pytest.raises(taskflow.InvalidTask):
+        taskflow.enqueue_many([{"task_type": T}, {"task_type": T, "key": "a"}, {"task_type": T, "payload": {1}}])
+    with pytest.raises(taskflow.InvalidTask, match="task_type is required"):
+        taskflow.enqueue_many([{"task_type": T}, {"payload": {}}])
+    assert not Task.objects.exists()
+    assert not TaskKey.objects.exists()
+    assert not ScheduleCfg.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_valid_request_is_stored_as_given() -> None:
+    run_after = timezone.now() + timedelta(minutes=5)
+    task = taskflow.enqueue(
+        T,
+        {"a": [1, 2]},
+        key="k1",
+        version=3,
+        priority=-7,
+        run_after=run_after,
+        max_retries=4,
+        timeout=60,
+        stage="s1",
+        user_id=42,
+        context={"c": 1},
+        trace_id="abc",
+    )
+    assert task.enqueue_outcome == "created"
+    row = Task.objects.get(pk=task.pk)
+    assert (row.task_type, row.key, row.version, row.priority) == (T, "k1", 3, -7)
+    assert (row.payload, row.context, row.stage, row.trace_id) == ({"a": [1, 2]}, {"c": 1}, "s1", "abc")
+    assert row.user_id == "42"
+    assert (row.max_retries, row.timeout, row.status, row.attempts) == (4, 60, Status.PENDING, 0)
+    assert row.run_after == run_after
+    assert TaskKey.objects.get(task_type=T, key="k1").version == 3
+
+
+# -- identity and versions -------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", [Status.PENDING, Status.PROCESSING, Status.SUCCESS])
+def test_same_identity_while_live_or_done_returns_the_existing_task_unchanged(status: str) -> None:
+    first = taskflow.enqueue(T, {"n": 1}, key="k", version=2, priority=5)
+    if status == Status.PROCESSING:
+        assert [c.id for c in claim_batch(configs.get(T), 10, "w1")] == [first.pk]
+    elif status != Status.PENDING:
+        set_status(first, status)
+    before = snapshot()
+
+    again = taskflow.enqueue(T, {"n": 2}, key="k", version=2, priority=-5)
+
+    assert again.enqueue_outcome == "existing"
+    assert again.pk == first.pk
+    assert again.status == status and again.payload == {"n": 1} and again.priority == 5
+    assert snapshot() == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", [Status.FAILED, Status.STOPPED])
+def test_same_identity_after_failure_or_stop_is_replaced_by_a_fresh_pending_task(status: str) -> None:
+    first = taskflow.enqueue(T, {"n": 1}, key="k", version=2, max_retries=1)
+    set_status(first, status, attempts=2, status_msg="boom", result={"partial": True}, checkpoint={"at": 9})
+
+    again = taskflow.enqueue(T, {"n": 2}, key="k", version=2, priority=9)
+
+    assert again.enqueue_outcome == "replaced"
+    assert again.pk == first.pk  # the row and its history are kept
+    row = Task.objects.get(pk=first.pk)
+    assert row.status == Status.PENDING
+    assert (row.attempts, row.payload, row.priority, row.max_retries) == (0, {"n": 2}, 9, None)
+    assert row.result is None and row.checkpoint is None and row.finished_at is None
+    assert f"was {status}" in row.status_msg
+    assert Task.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_an_older_version_is_refused_and_changes_nothing() -> None:
+    taskflow.enqueue(T, {"v": 3}, key="k", version=3)
+    before = snapshot()
+
+    with pytest.raises(taskflow.StaleVersion) as refused:
+        taskflow.enqueue(T, {"v": 2}, key="k", version=2)
+
+    assert (refused.value.version, refused.value.newest) == (2, 3)
+    assert snapshot() == before
+
+
+@pytest.mark.django_db
+def test_a_newer_version_supersedes_only_older_pending_versions() -> None:
+    v1 = taskflow.enqueue(T, {"v": 1}, key="k", version=1)
+    assert [c.id for c in claim_batch(configs.get(T), 1, "w1")] == [v1.pk]  # v1 is now running
+    taskflow.enqueue(T, {"v": 2}, key="k", version=2)
+    v3 = taskflow.enqueue(T, {"v": 3}, key="k", version=3)
+    v5 = taskflow.enqueue(T, {"v": 5}, key="k", version=5)
+
+    rows = {t.version: t for t in Task.objects.filter(key="k")}
+    # A running attempt is not interrupted; waiting ones are stopped and say why.
+    assert rows[1].status == Status.PROCESSING
+    for version in (2, 3):
+        assert rows[version].status == Status.STOPPED
+        assert "superseded" in rows[version].status_msg
+        assert rows[version].finished_at is not None
+    assert rows[5].status == Status.PENDING and rows[5].pk == v5.pk
+    assert v3.enqueue_outcome == "created"
+    assert TaskKey.objects.get(task_type=T, key="k").version == 5
+
+    # A superseded version cannot come back, even though it is stopped.
+    with pytest.raises(taskflow.StaleVersion):
+        taskflow.enqueue(T, {"v": 3}, key="k", version=3)
+
+
+@pytest.mark.django_db
+def test_replacing_the_newest_version_stops_older_pending_ones() -> None:
+    old = taskflow.enqueue(T, key="k", version=1)
+    new = taskflow.enqueue(T, key="k", version=2)
+    set_status(new, Status.FAILED)
+    set_status(old, Status.PENDING)  # e.g. an operator retried it by hand
+    assert taskflow.enqueue(T, key="k", version=2).enqueue_outcome == "replaced"
+    assert Task.objects.get(pk=old.pk).status == Status.STOPPED
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", [None, ""])
+def test_without_a_key_every_call_creates_a_task(key: str | None) -> None:
+    tasks = [taskflow.enqueue(T, {"same": True}, key=key) for _ in range(3)]
+    assert {t.enqueue_outcome for t in tasks} == {"created"}
+    assert len({t.pk for t in tasks}) == 3
+    assert list(Task.objects.values_list("key", flat=True).distinct()) == [None]
+    assert not TaskKey.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_same_key_under_two_types_is_two_identities() -> None:
+    a = taskflow.enqueue("test.noop", key="shared", version=5)
+    b = taskflow.enqueue("test.record", key="shared", version=1)
+    assert a.pk != b.pk and b.enqueue_outcome == "created"
+    assert Task.objects.get(pk=a.pk).status == Status.PENDING
+
+
+@pytest.mark.django_db
+def test_enqueue_many_is_all_or_nothing_when_one_item_is_stale() -> None:
+    taskflow.enqueue(T, key="a", version=5)
+    before = snapshot()
+
+    with pytest.raises(taskflow.StaleVersion):
+        taskflow.enqueue_many(
+            [
+                {"task_type": T, "payload": {"unkeyed": 1}},
+                {"task_type": T, "key": "b", "version": 1},
+                {"task_type": T, "key": "a", "version": 4},
+            ]
+        )
+
+    assert snapshot() == before
+
+
+@pytest.mark.django_db
+def test_enqueue_many_returns_outcomes_in_request_order() -> None:
+    existing = taskflow.enqueue(T, key="m", version=1)
+    tasks = taskflow.enqueue_many(
+        [
+            {"task_type": T, "key": "z", "version": 1},
+            {"task_type": T, "payload": {"i": 1}},
+            {"task_type": T, "key": "m", "version": 1},
+            {"task_type": T, "key": "z", "version": 1},
+            {"task_type": T, "payload": {"i": 2}},
+        ]
+    )
+    assert [t.enqueue_outcome for t in tasks] == ["created", "created", "existing", "existing", "created"]
+    assert tasks[0].pk == tasks[3].pk and tasks[2].pk == existing.pk
+    assert [tasks[1].payload, tasks[4].payload] == [{"i": 1}, {"i": 2}]
+    assert Task.objects.count() == 4
+    assert taskflow.enqueue_many([]) == []
+
+
+# -- transactions ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def wakeups() -> Any:
+    """The task types announced to workers, in order."""
+    seen: list[set[str]] = []
+    listener = seen.append
+    wakeup.add_local_listener(listener)
+    yield seen
+    wakeup.remove_local_listener(listener)
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_transaction_leaves_no_task_no_identity_and_wakes_nobody(wakeups: list) -> None:
+    with pytest.raises(Boom), transaction.atomic():
+        taskflow.enqueue(T, {"n": 1}, key="k", version=1)
+        taskflow.enqueue(T, {"n": 2})
+        assert Task.objects.count() == 2
+        raise Boom
+
+    assert not Task.objects.exists()
+    assert not TaskKey.objects.exists()
+    assert wakeups == []
+    # The same identity is free to be created afterwards.
+    with transaction.atomic():
+        assert taskflow.enqueue(T, key="k", version=1).enqueue_outcome == "created"
+        assert wakeups == []  # workers hear of it only once it commits
+    assert wakeups == [{T}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_call_inside_a_transaction_keeps_the_callers_other_work(wakeups: list) -> None:
+    taskflow.enqueue(T, key="k", version=2)
+    with transaction.atomic():
+        mine = taskflow.enqueue(T, {"mine": True})
+        with pytest.raises(taskflow.StaleVersion):
+            taskflow.enqueue_many([{"task_type": T, "payload": {"lost": True}}, {"task_type": T, "key": "k"}])
+    payloads = list(Task.objects.values_list("payload", flat=True))
+    assert len(payloads) == 2 and {"mine": True} in payloads and {"lost": True} not in payloads
+    assert Task.objects.filter(pk=mine.pk).exists()
+
+
+@pytest.mark.django_db
+def test_tasks_due_later_or_already_there_wake_nobody(wakeups: list) -> None:
+    taskflow.enqueue(T, run_after=timedelta(hours=1))
+    first = taskflow.enqueue("test.record", key="k")
+    with transaction.atomic():
+        taskflow.enqueue("test.record", key="k")
+    # The test's own transaction never commits, so nothing was announced at all.
+    assert wakeups == []
+    assert first.enqueue_outcome == "created"
+
+
+# -- concurrency -----------------------------------------------------------------------------------
+
+
+def run_concurrently(count: int, work: Callable[[int], Any]) -> list[Any]:
+    """Run `work(i)` on `count` threads released together, each on its own DB connection."""
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = work(i)
+        except Exception as exc:
+            results[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    return results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_duplicates_create_exactly_one_task() -> None:
+    results = run_concurrently(8, lambda i: taskflow.enqueue(T, {"thread": i}, key="dup", version=1))
+
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert errors == []
+    assert sorted(r.enqueue_outcome for r in results) == ["created"] + ["existing"] * 7
+    assert len({r.pk for r in results}) == 1
+    assert Task.objects.filter(task_type=T, key="dup").count() == 1
+    assert TaskKey.objects.filter(task_type=T, key="dup").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_versions_of_a_new_key_leave_one_live_newest_task() -> None:
+    results = run_concurrently(8, lambda i: taskflow.enqueue(T, {"v": i + 1}, key="race", version=i + 1))
+
+    unexpected = [r for r in results if isinstance(r, Exception) and not isinstance(r, taskflow.StaleVersion)]
+    assert unexpected == []
+    rows = list(Task.objects.filter(task_type=T, key="race"))
+    live = [t for t in rows if t.status != Status.STOPPED]
+    assert [(t.version, t.status) for t in live] == [(8, Status.PENDING)]
+    assert all("superseded" in t.status_msg for t in rows if t.status == Status.STOPPED)
+    # Every caller either got its task (maybe since superseded) or was told it was stale.
+    for version, result in enumerate(results, start=1):
+        if isinstance(result, taskflow.StaleVersion):
+            assert result.newest > version
+            assert not any(t.version == version for t in rows)
+        else:
+            assert result.version == version and any(t.pk == result.pk for t in rows)
+    assert TaskKey.objects.get(task_type=T, key="race").version == 8
+
+
+ENQUEUE_WHEN_RELEASED = """
+import os, sys, time
+import taskflow
+ready, gate = os.environ["TF_READY"], os.environ["TF_GATE"]
+open(ready, "w").close()
+while not os.path.exists(gate):
+    time.sleep(0.005)
+task = taskflow.enqueue("test.noop", {"pid": os.getpid()}, key="proc-dup", version=1)
+print("OUTCOME", task.enqueue_outcome, task.pk)
+"""
+
+
+@pytest.mark.processes
+def test_concurrent_duplicates_from_separate_processes_create_exactly_one_task(spawn, tmp_path: Path) -> None:
+    gate = tmp_path / "go"
+    procs = [
+        spawn("shell", "-c", ENQUEUE_WHEN_RELEASED, env={"TF_READY": str(tmp_path / f"ready{i}"), "TF_GATE": str(gate)})
+        for i in range(4)
+    ]
+    wait_until(lambda: all((tmp_path / f"ready{i}").exists() for i in range(4)), timeout=60)
+    gate.touch()
+    outcomes = []
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0, Path(proc.log_path).read_text()
+        lines = [line.split() for line in Path(proc.log_path).read_text().splitlines() if line.startswith("OUTCOME")]
+        outcomes.append(tuple(lines[0][1:]))
+    assert sorted(o[0] for o in outcomes) == ["created", "existing", "existing", "existing"]
+    assert len({o[1] for o in outcomes}) == 1
+    assert Task.objects.filter(key="proc-dup").count() == 1
