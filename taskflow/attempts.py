@@ -16,6 +16,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from . import sqlvalues
 from .claiming import ClaimedTask
 from .enqueueing import order_time
 from .exceptions import NextStage
@@ -148,44 +149,30 @@ def apply_reports(reports: list[Report], cfgs: dict[str, ScheduleCfg]) -> list[R
 
 
 def _guarded_update(rows: dict[int, dict[str, Any]], token: int) -> int:
-    """One UPDATE for many rows: constant columns set once, varying ones through CASE id."""
+    """One UPDATE for many rows: columns equal across the rows set once, the others through CASE id."""
     qn = connection.ops.quote_name
-    table = qn(Task._meta.db_table)
     ids = list(rows)
-    columns = next(iter(rows.values())).keys()
     assignments: list[str] = []
     params: list[Any] = []
-    for name in columns:
-        model_field = Task._meta.get_field(name)
-        column = qn(model_field.column)
-        placeholder = _placeholder(model_field)
-        values = [model_field.get_db_prep_save(rows[i][name], connection) for i in ids]
-        if all(_same(v, values[0]) for v in values[1:]):
-            assignments.append(f"{column} = {placeholder}")
-            params.append(values[0])
+    for name in next(iter(rows.values())):
+        to_db, mark = sqlvalues.to_db(name), sqlvalues.placeholder(name)
+        values = [rows[i][name] for i in ids]
+        first = values[0]
+        if all(v == first and type(v) is type(first) for v in values):
+            assignments.append(f"{sqlvalues.column(name)} = {mark}")
+            params.append(to_db(first))
         else:
-            whens = " ".join(f"WHEN %s THEN {placeholder}" for _ in ids)
-            assignments.append(f"{column} = CASE {qn('id')} {whens} END")
+            whens = " ".join([f"WHEN %s THEN {mark}"] * len(ids))
+            assignments.append(f"{sqlvalues.column(name)} = CASE {qn('id')} {whens} END")
             for i, v in zip(ids, values, strict=True):
-                params.extend((i, v))
-    marks = ", ".join(["%s"] * len(ids))
+                params.extend((i, to_db(v)))
+    guard = f"{qn('status')} = %s AND {qn('lease_token')} = %s"
     sql = (
-        f"UPDATE {table} SET {', '.join(assignments)} WHERE {qn('id')} IN ({marks}) "
-        f"AND {qn('status')} = %s AND {qn('lease_token')} = %s"
+        f"UPDATE {qn(Task._meta.db_table)} SET {', '.join(assignments)} "
+        f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))}) AND {guard}"
     )
     params.extend(ids)
     params.extend((Status.PROCESSING.value, token))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
-
-
-def _placeholder(model_field: Any) -> str:
-    # PostgreSQL cannot infer a CASE branch's type from untyped parameters (NULL, JSON).
-    if connection.vendor == "postgresql":
-        return f"CAST(%s AS {model_field.db_type(connection)})"
-    return "%s"
-
-
-def _same(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and (a is b or a == b)

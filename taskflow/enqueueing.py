@@ -6,7 +6,6 @@ workers are woken only after the commit.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
@@ -17,12 +16,12 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from . import ids, wakeup
+from . import ids, sqlvalues, wakeup
 from .configs import configs
 from .exceptions import InvalidTask, StaleVersion
 from .models import Status, Task, TaskKey
 from .validation import (
-    MAX_BIGINT,
+    MAX_INT,
     resolve_run_after,
     validate_json,
     validate_key,
@@ -71,17 +70,19 @@ class TaskSpec:
         unknown = set(options) - _SPEC_FIELDS
         if unknown:
             raise InvalidTask(f"unknown task option(s): {', '.join(sorted(unknown))}")
-        timeout = validate_non_negative_int("timeout", options.get("timeout"), allow_none=True)
+        timeout = validate_non_negative_int("timeout", options.get("timeout"), allow_none=True, maximum=MAX_INT)
         if timeout == 0:
             raise InvalidTask("timeout must be a positive number of seconds")
         return cls(
             task_type=validate_task_type(task_type),
             payload=validate_json("payload", {} if payload is None else payload),
             key=validate_key(options.get("key")),
-            version=validate_non_negative_int("version", options.get("version", 0), maximum=MAX_BIGINT),  # type: ignore[arg-type]
+            version=validate_non_negative_int("version", options.get("version", 0)),  # type: ignore[arg-type]
             priority=validate_priority(options.get("priority", 0)),
             run_after=resolve_run_after(options.get("run_after"), now),
-            max_retries=validate_non_negative_int("max_retries", options.get("max_retries"), allow_none=True),
+            max_retries=validate_non_negative_int(
+                "max_retries", options.get("max_retries"), allow_none=True, maximum=MAX_INT
+            ),
             timeout=timeout,
             stage=validate_short_text("stage", options.get("stage") or "", 100),
             user_id=validate_short_text("user_id", str(options.get("user_id") or ""), 64),
@@ -277,7 +278,7 @@ def insert_tasks(tasks: list[Task]) -> None:
     qn = connection.ops.quote_name
     table, columns = qn(Task._meta.db_table), ", ".join(qn(f.column) for f in fields)
     attnames = [f.attname for f in fields]
-    adapters = [_adapter(f) for f in fields]
+    adapters = [sqlvalues.to_db(f.name) for f in fields]
     # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
     # once saves most of that. Other drivers bind parameters natively and gain nothing.
     literal = connection.connection.literal if connection.vendor == "mysql" else None
@@ -291,7 +292,7 @@ def insert_tasks(tasks: list[Task]) -> None:
                 rendered = literal(adapters[i](first))
                 marks.append((rendered.decode() if isinstance(rendered, bytes) else rendered).replace("%", "%%"))
             else:
-                marks.append(_placeholder(fields[i]))
+                marks.append(sqlvalues.placeholder(fields[i].name))
                 varying.append(i)
         params: list[Any] = []
         for task in chunk:
@@ -303,30 +304,3 @@ def insert_tasks(tasks: list[Task]) -> None:
     for task in tasks:
         task._state.adding = False
         task._state.db = connection.alias
-
-
-def _placeholder(model_field: Any) -> str:
-    # PostgreSQL will not put a text parameter into a jsonb column without a cast.
-    if connection.vendor == "postgresql" and model_field.get_internal_type() == "JSONField":
-        return "CAST(%s AS jsonb)"
-    return "%s"
-
-
-def _adapter(model_field: Any):  # noqa: ANN202
-    kind = model_field.get_internal_type()
-    if kind == "JSONField":
-        return lambda v: None if v is None else json.dumps(v)
-    if kind == "DateTimeField":
-        adapt = connection.ops.adapt_datetimefield_value
-        cache: dict[datetime, Any] = {}
-
-        def adapt_datetime(v: datetime | None) -> Any:
-            # A batch shares a handful of timestamps: convert each distinct one once.
-            if v is None:
-                return None
-            if v not in cache:
-                cache[v] = adapt(v)
-            return cache[v]
-
-        return adapt_datetime
-    return lambda v: v

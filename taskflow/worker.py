@@ -188,7 +188,7 @@ class Worker:
             # few tasks at a time would spend the worker on claim round trips instead of tasks.
             worthwhile = max(1, min(cfg.schedule_limit, self.concurrency) // 4)
             if free <= 0 or (in_flight and free < worthwhile and task_type in self._backlog):
-                self._backlog.add(task_type)  # look again as soon as slots free
+                self._backlog.add(task_type)  # a report flush wakes the loop when slots free
                 continue
             wanted = min(free, cfg.schedule_limit)
             granted = self.limiter.take(task_type, wanted, cfg.concurrency_limit)
@@ -210,16 +210,16 @@ class Worker:
                     self._in_flight_by_type[task_type] += len(tasks)
                 for task in tasks:
                     self._jobs.put(task)
-            # A full batch means more is probably waiting: claim again when slots free up.
+            # A full batch means more is probably waiting: claim again when slots free up, or at
+            # once if a worthwhile number are still free.
             if tasks and len(tasks) == wanted:
                 self._backlog.add(task_type)
+                if self.concurrency - self.in_flight >= worthwhile:
+                    soonest = now
             else:
                 self._backlog.discard(task_type)
-            jitter = interval * (0.9 + 0.2 * random.random())
-            self._next_poll[task_type] = now + jitter
+            self._next_poll[task_type] = now + interval * (0.9 + 0.2 * random.random())
             soonest = min(soonest, self._next_poll[task_type])
-        if self._backlog and self.in_flight < self.concurrency:
-            soonest = now
         return claimed_any, soonest
 
     # -- running handlers -------------------------------------------------------------------------
