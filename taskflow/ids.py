@@ -7,11 +7,14 @@ bulk insert knows its ids and a row keeps its id when it is moved to a history t
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import socket
 import threading
 import time
+from pathlib import Path
+from tempfile import gettempdir
 
 from django.db import connection
 
@@ -40,6 +43,7 @@ class IdGenerator:
         self._sequence = 0
         self._node: int | None = None
         self._node_until = 0.0
+        self._node_file: int | None = None
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}"
 
     def next_id(self) -> int:
@@ -67,21 +71,43 @@ class IdGenerator:
         if fixed is not None:
             return fixed & MAX_NODE
         if self._node is None or time.monotonic() > self._node_until:
-            self._node = self._lease_node()
             # Move to a fresh node well before the lease runs out, so no id is ever minted
             # under a node number another process may have leased since.
             self._node_until = time.monotonic() + NODE_LEASE_TTL / 2
+            self._node = self._lease_node()
         return self._node
 
     def _lease_node(self) -> int:
         if connection.vendor == "sqlite" and get_settings().REDIS_ALIAS is None:
-            # SQLite is a single-host database and serialises writers, so a lease thread could
-            # wait on the caller's own write lock; process ids are unique on one host.
-            return os.getpid() & MAX_NODE
+            name = str(connection.settings_dict["NAME"])
+            home = Path(name).resolve().parent if not name.startswith(("file:", ":memory:")) else Path(gettempdir())
+            return self._lock_node_file(home / "id-nodes")
         for _ in range(64):
             node = random.randint(0, MAX_NODE)
             if locks.acquire(f"id-node:{node}", self._owner, NODE_LEASE_TTL):
                 return node
+        raise RuntimeError("taskflow: no free id-generator node number (over 1024 live processes?)")
+
+    def _lock_node_file(self, folder: Path) -> int:
+        """Hold an OS lock on one of 1024 files beside the SQLite database for this process's life.
+
+        SQLite is single-host, and a database lease would wait on the caller's own write lock
+        (SQLite serialises writers), so the node is leased from the file system instead; the
+        kernel frees the lock when the process dies, however it dies.
+        """
+        folder.mkdir(parents=True, exist_ok=True)
+        start = os.getpid() & MAX_NODE
+        for offset in range(MAX_NODE + 1):
+            node = (start + offset) & MAX_NODE
+            fd = os.open(folder / f"{node}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._node_file = fd  # kept open: closing it would release the lock
+            self._node_until = float("inf")
+            return node
         raise RuntimeError("taskflow: no free id-generator node number (over 1024 live processes?)")
 
 
