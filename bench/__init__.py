@@ -1,0 +1,1 @@
+"""Benchmarks of the taskflow core; see bench/README.md."""

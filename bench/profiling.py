@@ -1,0 +1,155 @@
+"""Summaries of py-spy's raw (collapsed-stack) output: where a worker process spends its time."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+_ROOT = str(Path(__file__).resolve().parent.parent)
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<path>.*?)(?::(?P<line>\d+))?\)$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    func: str
+    path: str
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.func} ({_short(self.path)}:{self.line})"
+
+    @property
+    def in_worker(self) -> bool:
+        # taskflow code other than module imports and the command's start-up.
+        return "taskflow/" in self.path and self.func != "<module>" and "management/commands" not in self.path
+
+
+Stack = tuple[list[Frame], int]
+
+# Buckets reported as a share of the worker's GIL samples; a sample counts in every bucket one of
+# its frames matches (inclusive), so the shares overlap and need not add up to 100%.
+CATEGORIES: list[tuple[str, str, str]] = [
+    ("claim loop round (Worker._claim_round)", "taskflow/worker.py", "_claim_round"),
+    ("  claim_batch (taskflow/claiming.py)", "taskflow/claiming.py", "claim_batch"),
+    ("reporter flush (Worker._flush)", "taskflow/worker.py", "_flush"),
+    ("  apply_reports (taskflow/attempts.py)", "taskflow/attempts.py", "apply_reports"),
+    ("    row_changes", "taskflow/attempts.py", "row_changes"),
+    ("    _guarded_update (SQL build + run)", "taskflow/attempts.py", "_guarded_update"),
+    ("handler dispatch (Worker._execute)", "taskflow/worker.py", "_execute"),
+    ("  validate_json (result check)", "taskflow/validation.py", "validate_json"),
+    ("config cache (configs.get_many)", "taskflow/configs.py", "get_many"),
+    ("liveness heartbeat thread", "taskflow/liveness.py", ""),
+    ("wake-up listener thread", "taskflow/wakeup.py", ""),
+    ("JSON encode/decode (json/)", "/json/", ""),
+    ("Django ORM query building + model code (django/db/models/)", "django/db/models/", ""),
+    ("Django transaction/connection handling", "django/db/transaction.py", ""),
+    ("DB cursor execute, Python side (Django wrapper + driver)", "", "execute"),
+]
+
+# Threads of a worker process, recognised by a function on their stack.
+ROLES: list[tuple[str, str]] = [
+    ("claim loop (main thread)", "Worker._claim_loop"),
+    ("reporter thread", "Worker._reporter_loop"),
+    ("handler threads (all of them)", "Worker._handler_loop"),
+    ("liveness thread", "LivenessBeat.run"),
+    ("wake-up listener thread", "RedisListener.run"),
+]
+
+
+def parse(path: Path) -> list[Stack]:
+    """The stacks in a py-spy raw file, root first, with their sample counts."""
+    stacks = []
+    for text in path.read_text(errors="replace").splitlines():
+        stack, _, count = text.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = []
+        for part in stack.split(";"):
+            match = _FRAME.match(part)
+            if match:
+                frames.append(Frame(match["func"], match["path"], int(match["line"] or 0)))
+            else:
+                frames.append(Frame(part, "", 0))
+        stacks.append((frames, int(count)))
+    return stacks
+
+
+def summarise_cpu(path: Path, top: int = 12) -> str:
+    """For a `py-spy --gil` profile: category shares, hottest taskflow functions, hottest leaves."""
+    stacks = parse(path)
+    # Only stacks that run the worker count; imports and Django start-up are a fixed cost per process.
+    busy = [(frames, n) for frames, n in stacks if any(f.in_worker for f in frames)]
+    total = sum(n for _, n in busy)
+    if not total:
+        return f"no worker samples in {path}"
+    rest = sum(n for _, n in stacks) - total
+    lines = [f"{total} GIL samples in the running worker ({rest} more in start-up, not counted)", "category shares:"]
+    for label, path_part, func in CATEGORIES:
+        count = sum(n for frames, n in busy if any(_matches(f, path_part, func) for f in frames))
+        lines.append(f"  {100 * count / total:5.1f}%  {label}")
+
+    inclusive: Counter[str] = Counter()
+    leaf: Counter[str] = Counter()
+    for frames, n in busy:
+        for name in {f"{f.func} ({_short(f.path)})" for f in frames if f.in_worker}:
+            inclusive[name] += n
+        leaf[f"{frames[-1].func} ({_short(frames[-1].path)})"] += n
+    lines.append(f"top {top} taskflow functions (inclusive):")
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in inclusive.most_common(top)]
+    lines.append(f"top {top} leaf functions (self time, any code):")
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in leaf.most_common(top)]
+    return "\n".join(lines)
+
+
+def summarise_wall(path: Path, top: int = 6) -> str:
+    """For a `py-spy --idle` profile: per worker thread, where its wall-clock time goes.
+
+    Each sample is labelled with the deepest taskflow frame and the innermost frame under it, e.g.
+    "claim_batch (claiming.py:120) -> Connection.query", so waits on the database, on events and on
+    the GIL-holding Python code can be told apart.
+    """
+    stacks = parse(path)
+    lines = []
+    for label, marker in ROLES:
+        role = [(frames, n) for frames, n in stacks if any(f.func == marker for f in frames)]
+        total = sum(n for _, n in role)
+        if not total:
+            continue
+        spots: Counter[str] = Counter()
+        for frames, n in role:
+            spots[_wall_label(frames)] += n
+        lines.append(f"{label}: {total} samples")
+        lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in spots.most_common(top)]
+    return "\n".join(lines) or f"no worker samples in {path}"
+
+
+def _wall_label(frames: list[Frame]) -> str:
+    ours = [i for i, f in enumerate(frames) if f.in_worker]
+    if not ours:
+        return frames[-1].where
+    deepest = frames[ours[-1]]
+    leaf = frames[-1]
+    if leaf is deepest:
+        return deepest.where
+    return f"{deepest.where} -> {leaf.func} ({_short(leaf.path)})"
+
+
+def _matches(frame: Frame, path_part: str, func: str) -> bool:
+    if path_part and path_part not in frame.path:
+        return False
+    if func == "execute":
+        # The database round trip: the driver call under Django's cursor wrapper.
+        path = frame.path
+        driver = "MySQLdb" in path or "psycopg" in path or "django/db/backends/" in path
+        return driver and frame.func.rpartition(".")[2] in {"execute", "executemany", "query", "_query"}
+    return not func or frame.func.endswith(func)
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "/lib/python3", f"{_ROOT}/"):
+        if marker in path:
+            return path.split(marker, 1)[1].lstrip("/0123456789.")
+    return path
