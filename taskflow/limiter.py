@@ -4,7 +4,8 @@ With Redis, a worker takes slots *before* claiming (one Lua script checks the ty
 bound together), gives back what it did not claim, and gives a slot back only after the task's
 final database update for that attempt was accepted. A missing counter (Redis restarted, the key
 was evicted) is first initialised from the database, so a restart never forgets running tasks.
-`taskwatch` calls `reconcile_counters()` periodically, so a crash skews a counter only until then.
+`taskwatch` calls `reconcile_counters()` every RECONCILE_INTERVAL, so a crash skews a counter
+only until then.
 
 Without Redis, `exact_room()` runs inside the claim's transaction: it locks the type's ScheduleCfg
 row (or, with a global limit, one gate row shared by every claim) and counts processing rows, so
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Count
 from redis.exceptions import RedisError
 
@@ -35,22 +36,18 @@ GLOBAL = "*"
 GATE = "taskflow:concurrency-gate"
 _GATE_EXPIRES = datetime(9999, 12, 31, tzinfo=UTC)  # never expires, so no lease logic takes it over
 
-# KEYS[1..k] = counters, KEYS[k+1..2k] = their running totals of slots ever taken;
-# ARGV[1] = wanted, ARGV[1+i] = the limit of counter i. Grants the same n (0..wanted) on every
-# counter, or returns -1 when a counter is missing and must be initialised from the database.
+# KEYS = counters; ARGV[1] = wanted, ARGV[1+i] = the limit of counter i. Grants the same n
+# (0..wanted) on every counter, or returns -1 when a counter is missing and must be initialised
+# from the database first.
 _TAKE = """
-local k = #ARGV - 1
 local n = tonumber(ARGV[1])
-for i = 1, k do
+for i = 1, #KEYS do
   local current = redis.call('get', KEYS[i])
   if not current then return -1 end
   n = math.min(n, tonumber(ARGV[i + 1]) - tonumber(current))
 end
 if n <= 0 then return 0 end
-for i = 1, k do
-  redis.call('incrby', KEYS[i], n)
-  redis.call('incrby', KEYS[k + i], n)
-end
+for i = 1, #KEYS do redis.call('incrby', KEYS[i], n) end
 return n
 """
 # KEYS = counters; ARGV[1] = slots. Never below zero (a double give-back, which should not happen,
@@ -69,29 +66,29 @@ _INIT = """
 for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[i], 'NX') end
 return 0
 """
-# KEYS[1..k] = counters, KEYS[k+1..2k] = taken totals; ARGV[i] = processing rows of counter i,
-# ARGV[k+i] = its taken total read before counting. Slots taken since then may belong to claims
-# the count did not see yet, so they are added (too high is safe; reconciling again corrects it).
-_RECONCILE = """
-local k = #KEYS / 2
+# KEYS = counters; ARGV[i] = the drift to remove from counter i (positive when it is too high),
+# ARGV[#KEYS+i] = its processing rows, the value for a counter that is missing. Relative, so slots
+# taken and given back while the drift was measured are kept. Returns the new values.
+_CORRECT = """
+local k = #KEYS
 local values = {}
 for i = 1, k do
-  local taken = tonumber(redis.call('get', KEYS[k + i]) or '0')
-  local value = tonumber(ARGV[i]) + math.max(0, taken - tonumber(ARGV[k + i]))
+  local current = redis.call('get', KEYS[i])
+  local value = tonumber(ARGV[k + i])
+  if current then value = math.max(0, tonumber(current) - tonumber(ARGV[i])) end
   redis.call('set', KEYS[i], value)
   values[i] = value
 end
 return values
 """
+# Seconds between the two drift measurements of reconcile_counters(): a claim or report in
+# progress shows up as drift in one of them, real drift in both.
+RECONCILE_GAP = 0.5
 
 
 def counter_key(task_type: str) -> str:
     """The Redis key counting the slots held by tasks of `task_type` (GLOBAL: by all tasks)."""
     return key("running-all") if task_type == GLOBAL else key("running", task_type)
-
-
-def _taken_key(name: str) -> str:
-    return key("taken-all") if name == GLOBAL else key("taken", name)
 
 
 @dataclass(frozen=True)
@@ -126,7 +123,7 @@ class Limiter:
             return wanted
         if time.monotonic() < self._retry_at:
             return 0
-        keys = [counter_key(c.name) for c in counters] + [_taken_key(c.name) for c in counters]
+        keys = [counter_key(c.name) for c in counters]
         try:
             for _ in range(2):
                 granted = int(self._client.eval(_TAKE, len(keys), *keys, wanted, *(c.limit for c in counters)))
@@ -201,14 +198,15 @@ def _processing_counts(names: list[str]) -> dict[str, int]:
 
 
 def reconcile_counters() -> dict[str, int]:
-    """Set every Redis concurrency counter to the processing rows it stands for; returns them by type (GLOBAL: all).
+    """Correct every Redis concurrency counter to the processing rows it stands for; returns the values by type.
 
-    Counters of types without a limit are deleted (a later limit initialises them afresh). The
-    count and the SET are not one atomic step: slots taken meanwhile are added on top, and slots
-    given back meanwhile leave the counter too high until the next run (safe). The one window
-    left is a claim whose slots were taken before the count began and whose rows commit after it:
-    the counter is low by that claim's size (at most a schedule_limit) until the next run. Returns
-    {} without Redis, or when Redis is unreachable.
+    The global counter is reported as GLOBAL; counters of types without a limit are deleted (a
+    later limit initialises them afresh). A counter also holds slots of claims and reports in
+    progress, which no database count sees, so the drift (counter minus processing rows) is
+    measured twice, RECONCILE_GAP apart, and only what both show is removed, as a relative
+    change that keeps slots taken or given back meanwhile. The window left: a claim or report
+    stalled across both measurements looks like drift, and the counter ends up low by its size
+    until the next run. Returns {} without Redis, or when Redis is unreachable.
     """
     client = get_redis()
     if client is None:
@@ -222,17 +220,41 @@ def reconcile_counters() -> dict[str, int]:
         retired.append(GLOBAL)
     try:
         if retired:
-            client.delete(*(counter_key(t) for t in retired), *(_taken_key(t) for t in retired))
+            client.delete(*(counter_key(t) for t in retired))
         if not names:
             return {}
-        keys = [counter_key(n) for n in names] + [_taken_key(n) for n in names]
-        before = [int(v or 0) for v in client.mget(keys[len(names) :])]
-        counts = _processing_counts(names)
-        values = client.eval(_RECONCILE, len(keys), *keys, *(counts[n] for n in names), *before)
+        first, _ = _drift(client, names)
+        time.sleep(RECONCILE_GAP)
+        second, counts = _drift(client, names)
+        drift = [_persistent(first[n], second[n]) for n in names]
+        keys = [counter_key(n) for n in names]
+        values = client.eval(_CORRECT, len(keys), *keys, *drift, *(counts[n] for n in names))
     except RedisError as exc:
         log.warning("could not reconcile concurrency counters (%s)", exc)
         return {}
+    corrected = {n: d for n, d in zip(names, drift, strict=True) if d}
+    if corrected:
+        log.warning("concurrency counters were off by %s; corrected", corrected)
     return {name: int(value) for name, value in zip(names, values, strict=True)}
+
+
+def _drift(client: Any, names: list[str]) -> tuple[dict[str, int | None], dict[str, int]]:
+    """Each counter minus its processing rows (None: no counter), and the row counts."""
+    values = client.mget([counter_key(n) for n in names])
+    counts = _processing_counts(names)
+    drift = {n: None if v is None else int(v) - counts[n] for n, v in zip(names, values, strict=True)}
+    return drift, counts
+
+
+def _persistent(first: int | None, second: int | None) -> int:
+    """The part of a drift both measurements agree on (0 when they disagree in sign)."""
+    if first is None or second is None:
+        return 0
+    if first > 0 and second > 0:
+        return min(first, second)
+    if first < 0 and second < 0:
+        return max(first, second)
+    return 0
 
 
 def exact_global_limit() -> int:
@@ -258,13 +280,18 @@ def exact_room(task_type: str, wanted: int, type_limit: int, global_limit: int) 
     return max(0, wanted)
 
 
+def ensure_gate() -> None:
+    """Create the global gate row, if missing, before a claim's transaction needs to lock it."""
+    # Outside the claim's transaction: creators racing inside theirs would deadlock on MariaDB,
+    # each holding a shared lock on the other's duplicate key.
+    Lock.objects.get_or_create(name=GATE, defaults={"owner": "taskflow.limiter", "expires_at": _GATE_EXPIRES})
+
+
 def _lock_gate() -> None:
     gate = Lock.objects.select_for_update().filter(name=GATE).values_list("pk")
     if list(gate):
         return
-    try:
-        with transaction.atomic():
-            Lock.objects.create(name=GATE, owner="taskflow.limiter", expires_at=_GATE_EXPIRES)
-        return  # the new row stays locked by our transaction
-    except IntegrityError:  # another claimer created it first: wait for its lock instead
-        list(gate)
+    # Deleted since ensure_gate() (only by hand): recreate it here. A concurrent creator may make
+    # this claim fail (a deadlock, retried by the worker), but never lets two claims count at once.
+    with transaction.atomic():
+        Lock.objects.create(name=GATE, owner="taskflow.limiter", expires_at=_GATE_EXPIRES)

@@ -1,0 +1,267 @@
+"""Concurrency limits held by real worker processes, sampled from outside; and a Redis outage mid-run."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.db.models import Count
+
+import taskflow
+from taskflow.configs import configs
+from taskflow.limiter import GLOBAL, counter_key, reconcile_counters
+from taskflow.models import ScheduleCfg, Status, Task
+from taskflow.redis import get_redis
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.processes
+
+WORKERS, CONCURRENCY = 4, 4
+OWN_REDIS_PORT = 6404  # 6390 + this suite's id, so parallel suites never share it
+
+
+class Sampler(threading.Thread):
+    """Counts processing rows by type every `interval` seconds, keeping the peaks."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        super().__init__(name="processing-sampler", daemon=True)
+        self.interval = interval
+        self.peak: dict[str, int] = defaultdict(int)
+        self.peak_total = 0
+        self.samples = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.is_set():
+                rows = (
+                    Task.objects.filter(status=Status.PROCESSING)
+                    .values_list("task_type")
+                    .annotate(n=Count("id"))
+                    .order_by()
+                )
+                counts = dict(rows)
+                for task_type, n in counts.items():
+                    self.peak[task_type] = max(self.peak[task_type], n)
+                self.peak_total = max(self.peak_total, sum(counts.values()))
+                self.samples += 1
+                self._stop_event.wait(self.interval)
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10)
+
+
+@pytest.fixture
+def sampler(transactional_db) -> Iterator[Sampler]:  # noqa: ANN001
+    running = Sampler()
+    running.start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(params=["redis", "db"])
+def limiter_mode(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Worker environment for the Redis limiter, or for the exact database limit (no Redis at all)."""
+    if request.param == "redis":
+        if get_redis() is None:
+            pytest.skip("needs Redis (set REDIS_URL)")
+        return {}
+    return {"REDIS_URL": ""}
+
+
+class Workers:
+    """Worker processes of one test, stopped gracefully (and required to exit cleanly)."""
+
+    def __init__(self, spawn: Callable[..., subprocess.Popen]) -> None:
+        self.spawn = spawn
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, types: str, env: dict[str, str], count: int = WORKERS) -> list[subprocess.Popen]:
+        args = ("taskworker", "--types", types, "--concurrency", str(CONCURRENCY))
+        procs = [self.spawn(*args, env=env) for _ in range(count)]
+        self.procs.extend(procs)
+        return procs
+
+    def stop(self) -> None:
+        running = [p for p in self.procs if p.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGTERM)
+        for proc in running:
+            assert proc.wait(timeout=60) == 0, Path(proc.log_path).read_text()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def workers(spawn: Callable[..., subprocess.Popen]) -> Iterator[Workers]:
+    started = Workers(spawn)
+    yield started
+    started.stop()
+
+
+def set_limit(task_type: str, limit: int) -> None:
+    configs.get(task_type)  # the row, created with defaults
+    ScheduleCfg.objects.filter(pk=task_type).update(concurrency_limit=limit)
+
+
+def statuses(task_type: str) -> dict[str, int]:
+    return dict(Task.objects.filter(task_type=task_type).values_list("status").annotate(n=Count("id")).order_by())
+
+
+def all_succeeded(task_type: str, count: int) -> bool:
+    return statuses(task_type) == {Status.SUCCESS: count}
+
+
+def settings_module(tmp_path: Path, **taskflow_settings: object) -> dict[str, str]:
+    """Environment that runs child processes on tests.settings with TASKFLOW entries overridden."""
+    package = tmp_path / "childsettings"
+    package.mkdir(exist_ok=True)
+    (package / "limiter_settings.py").write_text(
+        "from tests.settings import *  # noqa\n"
+        "from tests.settings import TASKFLOW\n"
+        f"TASKFLOW = {{**TASKFLOW, **{taskflow_settings!r}}}\n"
+    )
+    return {"PYTHONPATH": str(package), "DJANGO_SETTINGS_MODULE": "limiter_settings"}
+
+
+def report(what: str, sampler: Sampler, limit: int, observed: int, started: float) -> None:
+    print(
+        f"\n{what}: max concurrent {observed} (limit {limit}); "
+        f"{sampler.samples} samples every {sampler.interval * 1000:.0f} ms over {time.monotonic() - started:.1f}s; "
+        f"peaks by type {dict(sampler.peak)}"
+    )
+
+
+def test_type_limit_holds_across_worker_processes(workers, sampler, limiter_mode):
+    set_limit("test.sleep", 3)
+    taskflow.enqueue_many([{"task_type": "test.sleep", "payload": {"seconds": 0.3}} for _ in range(24)])
+    taskflow.enqueue_many([{"task_type": "test.record", "payload": {"sleep": 0.3}} for _ in range(24)])
+    started = time.monotonic()
+    workers.start("test.sleep,test.record", limiter_mode)
+    wait_until(lambda: all_succeeded("test.sleep", 24) and all_succeeded("test.record", 24), timeout=180)
+    sampler.stop()
+    report(f"type limit ({'redis' if not limiter_mode else 'db'})", sampler, 3, sampler.peak["test.sleep"], started)
+    assert sampler.peak["test.sleep"] == 3
+    assert sampler.peak["test.record"] > 3  # the unlimited type is not held to it
+    if not limiter_mode:
+        workers.stop()  # idle workers still take and give back slots as they poll
+        assert int(get_redis().get(counter_key("test.sleep"))) == 0
+        assert reconcile_counters() == {"test.sleep": 0}
+
+
+def test_global_limit_holds_across_worker_processes(workers, sampler, limiter_mode, tmp_path, settings):
+    settings.TASKFLOW = {**settings.TASKFLOW, "GLOBAL_CONCURRENCY_LIMIT": 3}
+    taskflow.enqueue_many([{"task_type": "test.sleep", "payload": {"seconds": 0.3}} for _ in range(12)])
+    taskflow.enqueue_many([{"task_type": "test.record", "payload": {"sleep": 0.3}} for _ in range(12)])
+    started = time.monotonic()
+    workers.start("test.sleep,test.record", {**limiter_mode, **settings_module(tmp_path, GLOBAL_CONCURRENCY_LIMIT=3)})
+    wait_until(lambda: all_succeeded("test.sleep", 12) and all_succeeded("test.record", 12), timeout=180)
+    sampler.stop()
+    report(f"global limit ({'redis' if not limiter_mode else 'db'})", sampler, 3, sampler.peak_total, started)
+    assert sampler.peak_total == 3
+    assert sampler.peak["test.sleep"] >= 1 and sampler.peak["test.record"] >= 1
+    if not limiter_mode:
+        workers.stop()
+        assert int(get_redis().get(counter_key(GLOBAL))) == 0
+        assert reconcile_counters() == {GLOBAL: 0}
+
+
+# -- Redis outage ----------------------------------------------------------------------------------
+
+
+class OwnRedis:
+    """A redis-server of this test's own, which the test can kill and restart on the same port."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(self._accepting, timeout=20)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def _accepting(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+
+@pytest.fixture
+def own_redis(settings) -> Iterator[OwnRedis]:  # noqa: ANN001
+    """A private Redis that this test process uses too (for enqueue wake-ups, counters and reconciling)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server")
+    server = OwnRedis(OWN_REDIS_PORT)
+    if server._accepting():
+        pytest.fail(f"port {OWN_REDIS_PORT} is taken: another run of this suite is still going?")
+    server.start()
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": server.url,
+            "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        }
+    }
+    settings.TASKFLOW = {**settings.TASKFLOW, "REDIS_ALIAS": "default"}
+    yield server
+    if server.proc is not None:
+        server.kill()
+
+
+def logged(procs: list[subprocess.Popen], text: str) -> list[bool]:
+    return [text in Path(proc.log_path).read_text() for proc in procs]  # type: ignore[attr-defined]
+
+
+def test_redis_outage_stops_limited_types_only_and_recovers(own_redis, workers, sampler):
+    set_limit("test.sleep", 2)
+    taskflow.enqueue_many([{"task_type": "test.sleep", "payload": {"seconds": 8}} for _ in range(4)])
+    started = time.monotonic()
+    procs = workers.start("test.sleep,test.record", {"REDIS_URL": own_redis.url}, count=3)
+    wait_until(lambda: statuses("test.sleep").get(Status.PROCESSING) == 2, timeout=60)
+
+    own_redis.kill()  # both slots are held, so no grant can be on its way to a claim
+    killed = time.monotonic()
+    wait_until(lambda: all(logged(procs, "concurrency limiter unavailable")), timeout=30)
+    taskflow.enqueue_many([{"task_type": "test.record", "payload": {"sleep": 0.05}} for _ in range(12)])
+    wait_until(lambda: all_succeeded("test.record", 12), timeout=60)
+    outage = time.monotonic() - killed
+    # Unlimited work went on; the limited type claimed nothing, and its first two still run.
+    assert statuses("test.sleep") == {Status.PROCESSING: 2, Status.PENDING: 2}, f"after {outage:.1f}s outage"
+
+    own_redis.start()  # empty: the counters must be rebuilt from the database, not from zero
+    wait_until(lambda: any(logged(procs, "initialised from the database: {'test.sleep': 2}")), timeout=30)
+    wait_until(lambda: all_succeeded("test.sleep", 4), timeout=120)
+    sampler.stop()
+    report(f"redis outage ({outage:.1f}s, restarted empty)", sampler, 2, sampler.peak["test.sleep"], started)
+    assert sampler.peak["test.sleep"] == 2
+    assert sampler.peak["test.record"] > 2
+    workers.stop()
+    client = get_redis()
+    assert int(client.get(counter_key("test.sleep"))) == 0  # no slot leaked or freed twice
+    client.set(counter_key("test.sleep"), 2)  # as if the restart had found the first two still counted
+    assert reconcile_counters() == {"test.sleep": 0}
+    assert int(client.get(counter_key("test.sleep"))) == Task.objects.filter(status=Status.PROCESSING).count()
