@@ -29,3 +29,14 @@ def parse_document(ctx):
             ctx.save_checkpoint(page + 1)
         ctx.next_stage("index", context={"pages": pages})
     return {"indexed_pages": ctx.context["pages"]}
+
+
+@taskflow.handler("demo.notify")
+def notify(ctx):
+    """Shows the other endings: snooze once (not counted as an attempt), and fail without retrying."""
+    if not ctx.payload.get("to"):
+        ctx.fail("no recipient: retrying cannot help")
+    if ctx.checkpoint is None:
+        ctx.save_checkpoint("waited")
+        ctx.snooze(2, "recipient's quiet hours")
+    return {"sent_to": ctx.payload["to"]}

@@ -1,6 +1,10 @@
+"""URLs of the example project: the admin console, with the site root sending visitors to it."""
+
 from django.contrib import admin
 from django.urls import path
+from django.views.generic import RedirectView
 
 urlpatterns = [
+    path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
 ]
