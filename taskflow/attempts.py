@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -132,7 +133,9 @@ def apply_reports(reports: list[Report], cfgs: dict[str, ScheduleCfg]) -> list[R
         changes = row_changes(report, cfgs[report.task.task_type], now)
         groups[(report.task.lease_token, frozenset(changes))][report.task.id] = (report, changes)
     accepted: list[Report] = []
-    with transaction.atomic():
+    # All groups or none, so a retried flush never mistakes its own earlier writes for stale
+    # reports; a single UPDATE is atomic by itself and skips the transaction's round trips.
+    with transaction.atomic() if len(groups) > 1 else nullcontext():
         for (token, _), rows in groups.items():
             count = _guarded_update({tid: ch for tid, (_, ch) in rows.items()}, token)
             if count == len(rows):

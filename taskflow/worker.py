@@ -80,8 +80,8 @@ class Worker:
         self._reports: queue.SimpleQueue[Report] = queue.SimpleQueue()
         self._reports_ready = threading.Event()
         self._lock = threading.Lock()
-        self._in_flight = 0
-        self._in_flight_by_type: dict[str, int] = defaultdict(int)
+        self._in_flight = 0  # claimed and not yet run to the end: each holds a handler thread
+        self._unreported = 0  # finished, result not yet written
         self._running: dict[int, ClaimedTask] = {}  # started, not yet reported
         self._stuck: set[tuple[int, int]] = set()  # (id, lease_token) of attempts past their deadline
         self._gave_up = False
@@ -117,6 +117,11 @@ class Worker:
         with self._lock:
             return self._in_flight
 
+    @property
+    def unreported(self) -> int:
+        with self._lock:
+            return self._unreported
+
     # -- threads -------------------------------------------------------------------------------
 
     def _start_threads(self) -> None:
@@ -147,7 +152,7 @@ class Worker:
         while not self._stopping.is_set():
             self._release_stuck()
             # Sampled before the round: a report flushed during it may have requeued work.
-            idle = self.in_flight == 0 and self._reports.empty()
+            idle = self.in_flight == 0 and self.unreported == 0
             try:
                 claimed_any, soonest = self._claim_round()
                 failures = 0
@@ -183,7 +188,9 @@ class Worker:
                 soonest = min(soonest, self._next_poll[task_type]) if not cfg.paused else soonest
                 continue
             in_flight = self.in_flight
-            free = self.concurrency - in_flight
+            # A thread is free again when its handler returns; results still being written are
+            # capped separately, so a slow or unreachable database stops claims, not handlers.
+            free = self.concurrency - in_flight if self.unreported < 2 * self.concurrency else 0
             # While work is still running, wait for a worthwhile batch of free slots: claiming a
             # few tasks at a time would spend the worker on claim round trips instead of tasks.
             worthwhile = max(1, min(cfg.schedule_limit, self.concurrency) // 4)
@@ -207,7 +214,6 @@ class Worker:
                 claimed_any = True
                 with self._lock:
                     self._in_flight += len(tasks)
-                    self._in_flight_by_type[task_type] += len(tasks)
                 for task in tasks:
                     self._jobs.put(task)
             # A full batch means more is probably waiting: claim again when slots free up, or at
@@ -230,9 +236,8 @@ class Worker:
             if task is None:
                 return
             report = self._execute(task)
-            replaced = self._count_again_if_stuck(task)
-            self._reports.put(report)
-            self._reports_ready.set()
+            replaced = self._done_running(task)
+            self._queue_report(report)
             if replaced:
                 return  # a replacement thread has taken this one's place in the pool
 
@@ -253,7 +258,6 @@ class Worker:
             for task in late:
                 self._stuck.add((task.id, task.lease_token))
                 self._in_flight -= 1
-                self._in_flight_by_type[task.task_type] -= 1
             stuck = len(self._stuck)
         for task in late:
             log.warning("task %s attempt %d is past its deadline: its thread is replaced", task.id, task.attempt)
@@ -263,16 +267,20 @@ class Worker:
             self._gave_up = True
             self.request_stop()
 
-    def _count_again_if_stuck(self, task: ClaimedTask) -> bool:
-        """Whether this finished attempt had been written off as stuck (it is counted again until flushed)."""
+    def _done_running(self, task: ClaimedTask) -> bool:
+        """Free the attempt's thread slot; True if it had been written off as stuck (and replaced)."""
         with self._lock:
-            if (task.id, task.lease_token) not in self._stuck:
-                return False
-            self._stuck.discard((task.id, task.lease_token))
-            # Its report is flushed like any other, which releases one slot per report.
-            self._in_flight += 1
-            self._in_flight_by_type[task.task_type] += 1
-            return True
+            if (task.id, task.lease_token) in self._stuck:
+                self._stuck.discard((task.id, task.lease_token))
+                return True  # its slot was freed when it was written off
+            self._in_flight -= 1
+            return False
+
+    def _queue_report(self, report: Report) -> None:
+        with self._lock:
+            self._unreported += 1
+        self._reports.put(report)
+        self._reports_ready.set()
 
     def _execute(self, task: ClaimedTask) -> Report:
         if self._stopping.is_set():
@@ -352,17 +360,12 @@ class Worker:
             released[report.task.task_type] += 1
         for task_type, count in released.items():
             self.limiter.give_back(task_type, count, cfgs[task_type].concurrency_limit)
-        finished: dict[str, int] = defaultdict(int)
-        for report in reports:
-            finished[report.task.task_type] += 1
         # Requeued work (retries, next stages, hand-backs) may already be due: look again now.
         requeued = {r.task.task_type for r in accepted if r.outcome != Outcome.SUCCESS}
         if requeued:
             self._on_wakeup(requeued)
         with self._lock:
-            self._in_flight -= len(reports)
-            for task_type, count in finished.items():
-                self._in_flight_by_type[task_type] -= count
+            self._unreported -= len(reports)
             self.processed += sum(1 for r in accepted if r.outcome != Outcome.HANDBACK)
         self._wake.set()
 
@@ -382,13 +385,12 @@ class Worker:
             # task longer than any deploy window cannot loop forever.
             log.warning("grace period over: requeueing %d unfinished task(s)", len(unfinished))
             for task in unfinished:
-                self._reports.put(
+                self._queue_report(
                     Report(task, Outcome.ERROR, error="interrupted: the worker stopped before it finished")
                 )
-            self._reports_ready.set()
-            deadline = time.monotonic() + 10
-            while self.in_flight and time.monotonic() < deadline:
-                time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while self.unreported and time.monotonic() < deadline:
+            time.sleep(0.05)
         for _ in range(self.concurrency):
             self._jobs.put(None)
         self._done.set()
