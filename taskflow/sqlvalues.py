@@ -57,9 +57,8 @@ def to_db(name: str) -> Adapter:
 
 
 def json_from_db() -> Adapter:
-    if connection.vendor == "postgresql":
-        return lambda value: value  # psycopg already decodes jsonb
-    return lambda value: None if value is None else json.loads(value)
+    # Every backend hands JSON back as text here (Django tells psycopg not to decode jsonb).
+    return lambda value: json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
 def datetime_from_db() -> Adapter:
