@@ -27,7 +27,6 @@ from .conftest import wait_until
 pytestmark = pytest.mark.processes
 
 WORKERS, CONCURRENCY = 4, 4
-OWN_REDIS_PORT = 6404  # 6390 + this suite's id, so parallel suites never share it
 
 
 class Sampler(threading.Thread):
@@ -195,6 +194,7 @@ class OwnRedis:
             stderr=subprocess.DEVNULL,
         )
         wait_until(self._accepting, timeout=20)
+        assert self.proc.poll() is None, f"redis-server could not start on port {self.port}"
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -210,14 +210,18 @@ class OwnRedis:
             return False
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture
 def own_redis(settings) -> Iterator[OwnRedis]:  # noqa: ANN001
     """A private Redis that this test process uses too (for enqueue wake-ups, counters and reconciling)."""
     if shutil.which("redis-server") is None:
         pytest.skip("needs redis-server")
-    server = OwnRedis(OWN_REDIS_PORT)
-    if server._accepting():
-        pytest.fail(f"port {OWN_REDIS_PORT} is taken: another run of this suite is still going?")
+    server = OwnRedis(free_port())  # not a fixed one: other runs of this suite may be going on
     server.start()
     settings.CACHES = {
         "default": {
