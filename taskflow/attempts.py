@@ -33,6 +33,7 @@ class Outcome(enum.StrEnum):
     FAIL = "fail"  # permanent: no more attempts
     SNOOZE = "snooze"  # run later, the attempt not counted
     NEXT_STAGE = "next_stage"
+    RESCUED = "rescued"  # taken away by taskwatch (dead worker or deadline): a failed attempt
     HANDBACK = "handback"  # claimed but never started: back to pending as it was
     LOST = "lost"  # the attempt was taken away while running: nothing to write
 
@@ -92,7 +93,7 @@ def row_changes(report: Report, cfg: ScheduleCfg, now: datetime, rand: Any = Non
             status=Status.PENDING, run_after=run_after, order_time=order_time(run_after, priority, cfg.priority_aging)
         )
 
-    outcome = report.outcome
+    outcome = Outcome.ERROR if report.outcome == Outcome.RESCUED else report.outcome
     if outcome == Outcome.ERROR and task.attempt > task.max_retries:
         outcome = Outcome.FAIL
         message = f"failed after {task.attempt} attempts: {message}"
@@ -105,6 +106,10 @@ def row_changes(report: Report, cfg: ScheduleCfg, now: datetime, rand: Any = Non
         delay = policy.next_delay(task.attempt, rand) if rand else policy.next_delay(task.attempt)
         requeue(now + timedelta(seconds=delay), task.priority)
         changes["status_msg"] = f"attempt {task.attempt} failed, retry in {delay:.1f}s: {message}"
+        if task.retry_same_host > 0:
+            # Back to the host that first ran it (its local files, caches), for a grace period.
+            host = task.prefer_host or worker_host(task.worker_id)
+            changes.update(prefer_host=host, prefer_host_until=now + timedelta(seconds=task.retry_same_host))
     elif outcome == Outcome.SNOOZE:
         requeue(now + timedelta(seconds=report.delay), task.priority)
         changes.update(attempts=task.attempt - 1, status_msg=f"snoozed {report.delay:g}s {report.error}".strip())
@@ -121,6 +126,12 @@ def row_changes(report: Report, cfg: ScheduleCfg, now: datetime, rand: Any = Non
         changes["status_msg"] = "handed back unstarted by a stopping worker"
         changes["schedule_log"] = task.schedule_log
     return changes
+
+
+def worker_host(worker_id: str) -> str:
+    """The host part of a worker id ("host:pid:suffix")."""
+    parts = worker_id.rsplit(":", 2)
+    return parts[0] if len(parts) == 3 else ""
 
 
 def apply_reports(reports: list[Report], cfgs: dict[str, ScheduleCfg]) -> list[Report]:

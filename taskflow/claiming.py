@@ -35,6 +35,8 @@ _COLUMNS = (
     "trace_id",
     "schedule_log",
     "run_after",
+    "retry_same_host",
+    "prefer_host",
 )
 
 
@@ -61,6 +63,8 @@ class ClaimedTask:
     worker_id: str
     claimed_at: datetime
     lease_expires_at: datetime
+    retry_same_host: int = 0
+    prefer_host: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -187,4 +191,6 @@ def _claimed(row: dict[str, Any], cfg: ScheduleCfg, worker_id: str, now: datetim
         worker_id=worker_id,
         claimed_at=now,
         lease_expires_at=now + timedelta(seconds=timeout),
+        retry_same_host=row["retry_same_host"],
+        prefer_host=row["prefer_host"],
     )

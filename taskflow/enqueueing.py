@@ -45,6 +45,7 @@ _SPEC_FIELDS = {
     "user_id",
     "context",
     "trace_id",
+    "retry_same_host",
 }
 
 
@@ -64,6 +65,7 @@ class TaskSpec:
     user_id: str = ""
     context: Any = field(default_factory=dict)
     trace_id: str = ""
+    retry_same_host: int = 0
 
     @classmethod
     def build(cls, now: datetime, task_type: object, payload: Any = None, **options: Any) -> TaskSpec:
@@ -88,6 +90,9 @@ class TaskSpec:
             user_id=validate_short_text("user_id", str(options.get("user_id") or ""), 64),
             context=validate_json("context", options.get("context") or {}),
             trace_id=validate_short_text("trace_id", options.get("trace_id") or "", 32),
+            retry_same_host=validate_non_negative_int(  # type: ignore[arg-type]
+                "retry_same_host", options.get("retry_same_host", 0), maximum=MAX_INT
+            ),
         )
 
 
@@ -162,6 +167,7 @@ def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
         "order_time": order_time(run_after, spec.priority, aging),
         "trace_id": spec.trace_id or uuid.uuid4().hex,
         "user_id": spec.user_id,
+        "retry_same_host": spec.retry_same_host,
         "created_at": now,
         "updated_at": now,
     }
@@ -251,6 +257,9 @@ def _replace(existing: Task, spec: TaskSpec, aging: float, now: datetime) -> Tas
         "order_time": fresh.order_time,
         "trace_id": fresh.trace_id,
         "user_id": fresh.user_id,
+        "retry_same_host": fresh.retry_same_host,
+        "prefer_host": "",
+        "prefer_host_until": None,
         "worker_id": "",
         "lease_expires_at": None,
         "started_at": None,

@@ -63,7 +63,9 @@ class Task(models.Model):
     # every report, so a late report from a lost attempt changes nothing.
     lease_token = models.PositiveBigIntegerField(default=0)
 
-    # Host affinity: retry on this host until the given time, then anywhere.
+    # Host affinity: a task with retry_same_host > 0 is retried on the host that first ran it, for
+    # that many seconds after each failure, then anywhere (prefer_host/_until hold the current wish).
+    retry_same_host = models.PositiveIntegerField(default=0, help_text="seconds; 0 = any host")
     prefer_host = models.CharField(max_length=200, blank=True, default="")
     prefer_host_until = models.DateTimeField(null=True, blank=True)
 

@@ -35,12 +35,8 @@ from .models import ScheduleCfg, Status, Task, WorkerProcess
 
 log = logging.getLogger("taskflow.watch")
 
-RESCUED = "rescued"  # the schedule_log outcome of an attempt taken away
 RESCUE_BATCH = 100  # rows per rescue transaction: short row locks, bounded memory
 BATCH_PAUSE = 0.05  # seconds between bulk batches, so workers' claims get the table in between
-# A task asks to be retried on the host that first ran it with this payload key, whose value is
-# the grace period in seconds after which any host may take it.
-AFFINITY_KEY = "_retry_same_host"
 
 KeepGoing = Callable[[], bool]
 
@@ -70,6 +66,7 @@ _COLUMNS = (
     "started_at",
     "lease_expires_at",
     "prefer_host",
+    "retry_same_host",
 )
 
 
@@ -195,32 +192,12 @@ def rescue_changes(row: dict[str, Any], cfg: ScheduleCfg, reason: str, now: date
         worker_id=row["worker_id"],
         claimed_at=started,
         lease_expires_at=row["lease_expires_at"] or now,
+        retry_same_host=row["retry_same_host"],
+        prefer_host=row["prefer_host"],
     )
     cost_ms = max(0, int((now - started).total_seconds() * 1000))
-    # The state machine of a failed attempt decides retry (with back-off) or failure; only the
-    # log entry says how the attempt really ended.
-    changes = row_changes(Report(attempt, Outcome.ERROR, error=f"{RESCUED}: {reason}", cost_ms=cost_ms), cfg, now)
-    changes["schedule_log"][0]["outcome"] = RESCUED
-    if changes["status"] == Status.PENDING:
-        changes.update(affinity_changes(row["payload"], row["prefer_host"], row["worker_id"], now))
-    return changes
-
-
-def affinity_changes(payload: Any, prefer_host: str, worker_id: str, now: datetime) -> dict[str, Any]:
-    """Host affinity for a requeued task that asked for it: the first host, for the grace period."""
-    grace = payload.get(AFFINITY_KEY) if isinstance(payload, dict) else None
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace <= 0:
-        return {}
-    host = prefer_host or worker_host(worker_id)
-    if not host:
-        return {}
-    return {"prefer_host": host, "prefer_host_until": now + timedelta(seconds=grace)}
-
-
-def worker_host(worker_id: str) -> str:
-    """The host part of a worker id ("host:pid:suffix")."""
-    parts = worker_id.rsplit(":", 2)
-    return parts[0] if len(parts) == 3 else ""
+    # The state machine decides: a rescued attempt is a failed one (retry with back-off, or fail).
+    return row_changes(Report(attempt, Outcome.RESCUED, error=f"rescued: {reason}", cost_ms=cost_ms), cfg, now)
 
 
 # -- lifetimes of waiting and finished tasks ------------------------------------------------------

@@ -257,3 +257,27 @@ def test_one_batch_applies_different_outcomes_to_different_tasks() -> None:
     assert (rows[4]["stage"], rows[4]["context"], rows[4]["attempts"]) == ("two", {"n": 2}, 0)
     assert all(r["lease_expires_at"] is None for r in rows)
     assert apply_reports([], {}) == []
+
+
+def test_a_failed_attempt_asking_for_host_affinity_is_retried_on_its_first_host() -> None:
+    cfg = policy_cfg()
+    task = attempt(retry_same_host=30, worker_id="host-a:12:abc", attempt=1)
+    changes = row_changes(Report(task, Outcome.ERROR, error="boom"), cfg, NOW)
+    assert changes["status"] == Status.PENDING
+    assert changes["prefer_host"] == "host-a"
+    assert changes["prefer_host_until"] == NOW + timedelta(seconds=30)
+
+    # The first host stays the preferred one on later retries, even if another host ran attempt 2.
+    later = attempt(retry_same_host=30, worker_id="host-b:7:def", prefer_host="host-a", attempt=2)
+    assert row_changes(Report(later, Outcome.RESCUED, error="lost"), cfg, NOW)["prefer_host"] == "host-a"
+
+    anywhere = attempt(worker_id="host-a:12:abc", attempt=1)
+    assert "prefer_host" not in row_changes(Report(anywhere, Outcome.ERROR, error="boom"), cfg, NOW)
+
+
+def test_a_rescued_attempt_counts_as_a_failed_one() -> None:
+    cfg = policy_cfg()
+    retried = row_changes(Report(attempt(attempt=2), Outcome.RESCUED, error="rescued: dead worker"), cfg, NOW)
+    assert retried["status"] == Status.PENDING and retried["schedule_log"][0]["outcome"] == "rescued"
+    last = row_changes(Report(attempt(attempt=4), Outcome.RESCUED, error="rescued: deadline"), cfg, NOW)
+    assert last["status"] == Status.FAILED and "failed after 4 attempts" in last["status_msg"]

@@ -145,7 +145,7 @@ def test_rescue_gives_the_limiter_slot_back(redis_client):
 
 
 def test_rescued_task_asking_for_host_affinity_prefers_its_first_host():
-    wants = taskflow.enqueue("test.noop", {"_retry_same_host": 60})
+    wants = taskflow.enqueue("test.noop", retry_same_host=60)
     anywhere = taskflow.enqueue("test.noop")
     claim_batch(configs.get("test.noop"), 2, WORKER)
     _worker_row(age=10)

@@ -3,7 +3,7 @@ import signal
 from django.core.management.base import BaseCommand, CommandError
 
 from taskflow.exceptions import UnknownTaskType
-from taskflow.worker import Worker
+from taskflow.worker import TooManyStuckHandlers, Worker
 
 
 def positive_int(value: str) -> int:
@@ -43,4 +43,8 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        worker.run()
+        try:
+            worker.run()
+        except TooManyStuckHandlers as exc:
+            # Exit non-zero with one line, so a supervisor restarts a worker clogged by stuck threads.
+            raise CommandError(str(exc)) from None
