@@ -18,7 +18,7 @@ from django.utils import timezone
 from . import limiter, sqlvalues
 from .models import ScheduleCfg, Status, Task
 
-_COLUMNS = (
+TASK_COLUMNS = (
     "id",
     "task_type",
     "key",
@@ -67,6 +67,43 @@ class ClaimedTask:
     prefer_host: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_row(
+        cls,
+        row: dict[str, Any],
+        cfg: ScheduleCfg,
+        *,
+        attempt: int,
+        lease_token: int,
+        worker_id: str,
+        claimed_at: datetime,
+        lease_expires_at: datetime,
+    ) -> ClaimedTask:
+        """An attempt of the task in `row` (which holds at least TASK_COLUMNS), per-task settings resolved."""
+        return cls(
+            id=row["id"],
+            task_type=row["task_type"],
+            key=row["key"],
+            version=row["version"],
+            priority=row["priority"],
+            payload=row["payload"],
+            context=row["context"],
+            checkpoint=row["checkpoint"],
+            stage=row["stage"],
+            attempt=attempt,
+            max_retries=cfg.max_retry_num if row["max_retries"] is None else row["max_retries"],
+            timeout=row["timeout"] or cfg.max_processing_time,
+            lease_token=lease_token,
+            trace_id=row["trace_id"],
+            schedule_log=row["schedule_log"] or [],
+            run_after=row["run_after"],
+            worker_id=worker_id,
+            claimed_at=claimed_at,
+            lease_expires_at=lease_expires_at,
+            retry_same_host=row["retry_same_host"],
+            prefer_host=row["prefer_host"],
+        )
+
 
 class ClaimConflict(RuntimeError):
     """The rows read for a claim changed before the UPDATE (a database without working row locks)."""
@@ -104,7 +141,7 @@ def claim_batch(
         rows = _select_due(cfg.task_type, limit, host, now)
         if not rows:
             return []
-        claimed = [_claimed(dict(zip(_COLUMNS, row, strict=True)), cfg, worker_id, now) for row in rows]
+        claimed = [_claimed(dict(zip(TASK_COLUMNS, row, strict=True)), cfg, worker_id, now) for row in rows]
         by_deadline: dict[datetime, list[int]] = defaultdict(list)
         for task in claimed:
             by_deadline[task.lease_expires_at].append(task.id)
@@ -118,7 +155,7 @@ def claim_batch(
 # compiled by the ORM on every call; the values are the same ones the ORM would send.
 def _select_due(task_type: str, limit: int, host: str, now: datetime) -> list[tuple[Any, ...]]:
     qn = connection.ops.quote_name
-    columns = ", ".join(qn(Task._meta.get_field(name).column) for name in _COLUMNS)
+    columns = ", ".join(qn(Task._meta.get_field(name).column) for name in TASK_COLUMNS)
     at = connection.ops.adapt_datetimefield_value(now)
     hosts = f"{qn('prefer_host')} = '' OR {qn('prefer_host_until')} <= %s"
     params: list[Any] = [Status.PENDING.value, task_type, at, at]
@@ -165,32 +202,20 @@ def _mark_processing(ids: list[int], worker_id: str, now: datetime, deadline: da
         return cursor.rowcount
 
 
-_JSON_POSITIONS = [i for i, name in enumerate(_COLUMNS) if name in ("payload", "context", "checkpoint", "schedule_log")]
-_RUN_AFTER = _COLUMNS.index("run_after")
+_JSON_POSITIONS = [
+    i for i, name in enumerate(TASK_COLUMNS) if name in ("payload", "context", "checkpoint", "schedule_log")
+]
+_RUN_AFTER = TASK_COLUMNS.index("run_after")
 
 
 def _claimed(row: dict[str, Any], cfg: ScheduleCfg, worker_id: str, now: datetime) -> ClaimedTask:
     timeout = row["timeout"] or cfg.max_processing_time
-    return ClaimedTask(
-        id=row["id"],
-        task_type=row["task_type"],
-        key=row["key"],
-        version=row["version"],
-        priority=row["priority"],
-        payload=row["payload"],
-        context=row["context"],
-        checkpoint=row["checkpoint"],
-        stage=row["stage"],
+    return ClaimedTask.from_row(
+        row,
+        cfg,
         attempt=row["attempts"] + 1,
-        max_retries=cfg.max_retry_num if row["max_retries"] is None else row["max_retries"],
-        timeout=timeout,
         lease_token=row["lease_token"] + 1,
-        trace_id=row["trace_id"],
-        schedule_log=row["schedule_log"] or [],
-        run_after=row["run_after"],
         worker_id=worker_id,
         claimed_at=now,
         lease_expires_at=now + timedelta(seconds=timeout),
-        retry_same_host=row["retry_same_host"],
-        prefer_host=row["prefer_host"],
     )

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from . import limiter as limiter_module
 from .attempts import Outcome, Report, row_changes
-from .claiming import ClaimedTask
+from .claiming import TASK_COLUMNS, ClaimedTask
 from .conf import get_settings
 from .configs import configs
 from .leadership import Leadership
@@ -45,29 +45,8 @@ def _always() -> bool:
     return True
 
 
-_COLUMNS = (
-    "id",
-    "task_type",
-    "key",
-    "version",
-    "priority",
-    "payload",
-    "context",
-    "checkpoint",
-    "stage",
-    "attempts",
-    "max_retries",
-    "timeout",
-    "lease_token",
-    "trace_id",
-    "schedule_log",
-    "run_after",
-    "worker_id",
-    "started_at",
-    "lease_expires_at",
-    "prefer_host",
-    "retry_same_host",
-)
+# What a rescue reads: the attempt as claimed, plus who holds it and since when.
+_COLUMNS = (*TASK_COLUMNS, "worker_id", "started_at", "lease_expires_at")
 
 
 # -- rescuing attempts ----------------------------------------------------------------------------
@@ -172,28 +151,14 @@ def _take_away(
 def rescue_changes(row: dict[str, Any], cfg: ScheduleCfg, reason: str, now: datetime) -> dict[str, Any]:
     """The columns a rescue writes: the attempt (already counted at claim) ends as a failed one."""
     started = row["started_at"] or now
-    attempt = ClaimedTask(
-        id=row["id"],
-        task_type=row["task_type"],
-        key=row["key"],
-        version=row["version"],
-        priority=row["priority"],
-        payload=row["payload"],
-        context=row["context"],
-        checkpoint=row["checkpoint"],
-        stage=row["stage"],
-        attempt=row["attempts"],
-        max_retries=cfg.max_retry_num if row["max_retries"] is None else row["max_retries"],
-        timeout=row["timeout"] or cfg.max_processing_time,
+    attempt = ClaimedTask.from_row(
+        row,
+        cfg,
+        attempt=row["attempts"],  # counted when it was claimed
         lease_token=row["lease_token"],
-        trace_id=row["trace_id"],
-        schedule_log=row["schedule_log"] or [],
-        run_after=row["run_after"],
         worker_id=row["worker_id"],
         claimed_at=started,
         lease_expires_at=row["lease_expires_at"] or now,
-        retry_same_host=row["retry_same_host"],
-        prefer_host=row["prefer_host"],
     )
     cost_ms = max(0, int((now - started).total_seconds() * 1000))
     # The state machine decides: a rescued attempt is a failed one (retry with back-off, or fail).
