@@ -1,9 +1,10 @@
 """The worker: claims due tasks, runs their handlers in a thread pool, reports results in batches.
 
 Threads: the claim loop (this object's `run`), `concurrency` handler threads, one reporter that
-writes finished attempts in batches and frees their slots, one liveness heartbeat, and (with
-Redis) a wake-up listener. A slot counts as busy from claim until its report is written, so the
-worker never holds more tasks than it can run.
+writes finished attempts in batches (and then gives their limiter slots back), one liveness
+heartbeat, and (with Redis) a wake-up listener. A thread slot is busy from claim until its handler
+returns, so the worker never holds more tasks than it can run; results still waiting to be written
+are capped separately, so a slow database pauses claiming rather than piling up results.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class Worker:
         self._lock = threading.Lock()
         self._in_flight = 0  # claimed and not yet run to the end: each holds a handler thread
         self._unreported = 0  # finished, result not yet written
-        self._running: dict[int, ClaimedTask] = {}  # started, not yet reported
+        self._running: dict[int, ClaimedTask] = {}  # handler started and not yet returned
         self._stuck: set[tuple[int, int]] = set()  # (id, lease_token) of attempts past their deadline
         self._gave_up = False
         self._backlog: set[str] = set()  # types whose last claim came back full
