@@ -290,6 +290,7 @@ def insert_tasks(tasks: list[Task]) -> None:
     adapters = [sqlvalues.to_db(f.name) for f in fields]
     # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
     # once saves most of that. Other drivers bind parameters natively and gain nothing.
+    connection.ensure_connection()  # the driver's own literal() is needed before any query ran
     literal = connection.connection.literal if connection.vendor == "mysql" else None
     for start in range(0, len(tasks), INSERT_BATCH):
         chunk = tasks[start : start + INSERT_BATCH]

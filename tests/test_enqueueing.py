@@ -355,6 +355,15 @@ def test_concurrent_duplicates_create_exactly_one_task() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_enqueue_that_is_a_threads_first_query_works() -> None:
+    """A web or worker thread's first database use may be an enqueue (the type's config cached)."""
+    taskflow.enqueue(T)  # warms the config cache, so the threads' first query is the INSERT
+    results = run_concurrently(4, lambda i: taskflow.enqueue(T, {"thread": i}))
+    assert [r for r in results if isinstance(r, Exception)] == []
+    assert Task.objects.filter(task_type=T).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_versions_of_a_new_key_leave_one_live_newest_task() -> None:
     results = run_concurrently(8, lambda i: taskflow.enqueue(T, {"v": i + 1}, key="race", version=i + 1))
 
