@@ -7,6 +7,7 @@ at most one poll interval and never loses it.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -31,13 +32,47 @@ def notify_on_commit(task_types: Iterable[str]) -> None:
 def publish(task_types: set[str]) -> None:
     for listener in list(_local):
         listener(task_types)
-    client = get_redis()
-    if client is None:
-        return
-    try:
-        client.publish(CHANNEL, ",".join(sorted(task_types)))
-    except Exception as exc:  # polling covers a missed wake-up
-        log.warning("wake-up publish failed: %s", exc)
+    if get_redis() is not None:
+        _publisher.send(task_types)
+
+
+class _Publisher:
+    """Sends wake-ups from a background thread, merging those that pile up meanwhile.
+
+    A producer pays only for its INSERT, not a Redis round trip per enqueue; under load many
+    enqueues share one message per burst.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+        self._ready = threading.Event()
+        self._owner_pid = 0
+
+    def send(self, task_types: set[str]) -> None:
+        with self._lock:
+            self._pending |= task_types
+            # After a fork the child has no publisher thread (only the parent's memory): start one.
+            if self._owner_pid != os.getpid():
+                self._owner_pid = os.getpid()
+                threading.Thread(target=self._run, name="taskflow-wakeup-publisher", daemon=True).start()
+        self._ready.set()
+
+    def _run(self) -> None:
+        while True:
+            self._ready.wait()
+            self._ready.clear()
+            with self._lock:
+                types, self._pending = self._pending, set()
+            if not types:
+                continue
+            try:
+                get_redis().publish(CHANNEL, ",".join(sorted(types)))
+            except Exception as exc:  # polling covers a missed wake-up
+                log.warning("wake-up publish failed: %s", exc)
+
+
+_publisher = _Publisher()
 
 
 def add_local_listener(listener: Listener) -> None:
