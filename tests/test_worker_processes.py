@@ -77,3 +77,25 @@ def test_a_task_still_running_when_the_grace_period_ends_is_requeued_as_a_counte
     assert (row.status, row.attempts) == (Status.PENDING, 1)
     assert "interrupted" in row.status_msg
     assert [e["outcome"] for e in row.schedule_log] == ["error"]
+
+
+def test_a_waiting_worker_is_woken_by_redis_not_its_poll(spawn, redis_client, run_log: Path) -> None:
+    """With a 60 s poll interval, only the on-commit wake-up can start a task within seconds."""
+    from taskflow.configs import configs
+    from taskflow.models import ScheduleCfg, WorkerProcess
+
+    configs.get("test.record")
+    ScheduleCfg.objects.filter(pk="test.record").update(schedule_interval=60)
+    proc = spawn("taskworker", "--types", "test.record", "--concurrency", "2")
+    wait_until(lambda: WorkerProcess.objects.exists(), timeout=60)
+    wait_until(lambda: "starting" in output(proc), timeout=30)
+    import time
+
+    time.sleep(1.0)  # past its first poll: from now on it polls again only after 60 s
+
+    task = taskflow.enqueue("test.record", {"n": 1})
+    wait_until(lambda: Task.objects.get(pk=task.pk).status == Status.SUCCESS, timeout=10)
+    started = Task.objects.get(pk=task.pk).started_at
+    assert (started - task.created_at).total_seconds() < 10
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, output(proc)
