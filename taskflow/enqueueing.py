@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
@@ -283,11 +284,7 @@ def insert_tasks(tasks: list[Task]) -> None:
     which costs several times more than the database's own work for a table this wide. Columns
     whose value is the same for the whole batch are converted once.
     """
-    fields = Task._meta.concrete_fields
-    qn = connection.ops.quote_name
-    table, columns = qn(Task._meta.db_table), ", ".join(qn(f.column) for f in fields)
-    attnames = [f.attname for f in fields]
-    adapters = [sqlvalues.to_db(f.name) for f in fields]
+    head, attnames, adapters, placeholders = _insert_plan(connection.vendor)
     # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
     # once saves most of that. Other drivers bind parameters natively and gain nothing.
     connection.ensure_connection()  # the driver's own literal() is needed before any query ran
@@ -302,15 +299,29 @@ def insert_tasks(tasks: list[Task]) -> None:
                 rendered = literal(adapters[i](first))
                 marks.append((rendered.decode() if isinstance(rendered, bytes) else rendered).replace("%", "%%"))
             else:
-                marks.append(sqlvalues.placeholder(fields[i].name))
+                marks.append(placeholders[i])
                 varying.append(i)
         params: list[Any] = []
         for task in chunk:
             params.extend(adapters[i](getattr(task, attnames[i])) for i in varying)
         row_sql = "(" + ", ".join(marks) + ")"
-        sql = f"INSERT INTO {table} ({columns}) VALUES " + ", ".join([row_sql] * len(chunk))
+        sql = head + ", ".join([row_sql] * len(chunk))
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
     for task in tasks:
         task._state.adding = False
         task._state.db = connection.alias
+
+
+@cache
+def _insert_plan(vendor: str) -> tuple[str, list[str], list[sqlvalues.Adapter], list[str]]:
+    """The INSERT's fixed parts for one database vendor: its head, and each column's name, converter, marker."""
+    fields = Task._meta.concrete_fields
+    qn = connection.ops.quote_name
+    head = f"INSERT INTO {qn(Task._meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) VALUES "
+    return (
+        head,
+        [f.attname for f in fields],
+        [sqlvalues.to_db(f.name) for f in fields],
+        [sqlvalues.placeholder(f.name) for f in fields],
+    )

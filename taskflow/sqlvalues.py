@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
 from django.db import connection
@@ -33,27 +34,33 @@ def placeholder(name: str) -> str:
     return "%s"
 
 
+@cache
 def to_db(name: str) -> Adapter:
     """A converter from a Task field's Python value to the driver's parameter value."""
     kind = Task._meta.get_field(name).get_internal_type()
     if kind == "JSONField":
-        return lambda v: None if v is None else json.dumps(v)
+        return _json_to_db
     if kind == "DateTimeField":
-        adapt = connection.ops.adapt_datetimefield_value
-        cache: dict[datetime, Any] = {}
-
-        def adapt_datetime(v: datetime | None) -> Any:
-            # A batch shares a handful of timestamps: convert each distinct one once.
-            if v is None:
-                return None
-            if v not in cache:
-                cache[v] = adapt(v)
-            return cache[v]
-
-        return adapt_datetime
+        return _datetime_to_db
     if kind == "CharField":
-        return lambda v: v.value if hasattr(v, "value") else v  # TextChoices -> str
-    return lambda v: v
+        return _text_to_db
+    return _as_is
+
+
+def _json_to_db(value: Any) -> Any:
+    return None if value is None else json.dumps(value)
+
+
+def _datetime_to_db(value: datetime | None) -> Any:
+    return None if value is None else connection.ops.adapt_datetimefield_value(value)
+
+
+def _text_to_db(value: Any) -> Any:
+    return value.value if hasattr(value, "value") else value  # TextChoices -> str
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 def json_from_db() -> Adapter:
