@@ -23,6 +23,7 @@ from .exceptions import InvalidTask, StaleVersion
 from .models import Status, Task, TaskKey
 from .validation import (
     MAX_INT,
+    json_text,
     resolve_run_after,
     validate_json,
     validate_key,
@@ -67,6 +68,7 @@ class TaskSpec:
     context: Any = field(default_factory=dict)
     trace_id: str = ""
     retry_same_host: int = 0
+    payload_text: str | None = None  # the payload as validated JSON, reused by the INSERT
 
     @classmethod
     def build(cls, now: datetime, task_type: object, payload: Any = None, **options: Any) -> TaskSpec:
@@ -76,9 +78,12 @@ class TaskSpec:
         timeout = validate_non_negative_int("timeout", options.get("timeout"), allow_none=True, maximum=MAX_INT)
         if timeout == 0:
             raise InvalidTask("timeout must be a positive number of seconds")
+        payload = {} if payload is None else payload
+        payload_text = json_text("payload", payload)
         return cls(
             task_type=validate_task_type(task_type),
-            payload=validate_json("payload", {} if payload is None else payload),
+            payload=payload,
+            payload_text=payload_text,
             key=validate_key(options.get("key")),
             version=validate_non_negative_int("version", options.get("version", 0)),  # type: ignore[arg-type]
             priority=validate_priority(options.get("priority", 0)),
@@ -179,6 +184,7 @@ def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
         row[_FIELD_INDEX[name]] = value
     task = Task(*row)
     task.enqueue_outcome = CREATED  # type: ignore[attr-defined]
+    task._payload_text = spec.payload_text  # type: ignore[attr-defined]
     return task
 
 
@@ -301,9 +307,10 @@ def insert_tasks(tasks: list[Task]) -> None:
             else:
                 marks.append(placeholders[i])
                 varying.append(i)
+        getters = [_payload_getter if attnames[i] == "payload" else _getter(attnames[i], adapters[i]) for i in varying]
         params: list[Any] = []
         for task in chunk:
-            params.extend(adapters[i](getattr(task, attnames[i])) for i in varying)
+            params.extend(get(task) for get in getters)
         row_sql = "(" + ", ".join(marks) + ")"
         sql = head + ", ".join([row_sql] * len(chunk))
         with connection.cursor() as cursor:
@@ -311,6 +318,16 @@ def insert_tasks(tasks: list[Task]) -> None:
     for task in tasks:
         task._state.adding = False
         task._state.db = connection.alias
+
+
+def _getter(attname: str, adapt: sqlvalues.Adapter) -> Any:
+    return lambda task: adapt(getattr(task, attname))
+
+
+def _payload_getter(task: Task) -> Any:
+    # Validation already serialised the payload; do not do it twice per task.
+    text = task.__dict__.get("_payload_text")
+    return text if text is not None else sqlvalues.to_db("payload")(task.payload)
 
 
 @cache

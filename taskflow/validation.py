@@ -31,11 +31,16 @@ def validate_priority(priority: object) -> int:
 
 
 def validate_json(name: str, value: Any) -> Any:
+    json_text(name, value)
+    return value
+
+
+def json_text(name: str, value: Any) -> str:
+    """`value` as JSON text, or InvalidTask if it is not strict JSON (no NaN, no sets, no objects)."""
     try:
-        json.dumps(value, allow_nan=False)
+        return json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidTask(f"{name} must be JSON-serialisable: {exc}") from None
-    return value
 
 
 def validate_key(key: object) -> str | None:
