@@ -6,6 +6,7 @@ Public API: `enqueue`, `enqueue_many`, `handler`, and the handler signals `Snooz
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
@@ -36,11 +37,44 @@ __all__ = [
 ]
 
 
-def enqueue(task_type: str, payload: Any = None, **options: Any) -> Task:
-    """Create a task; see taskflow.enqueueing.enqueue."""
+def enqueue(
+    task_type: str,
+    payload: Any = None,
+    *,
+    key: str = "",
+    version: int = 0,
+    priority: int = 0,
+    run_after: datetime | timedelta | float | None = None,
+    max_retries: int | None = None,
+    timeout: int | None = None,
+    stage: str = "",
+    user_id: str = "",
+    context: Any = None,
+    trace_id: str = "",
+    retry_same_host: int = 0,
+) -> Task:
+    """Create a task in the caller's transaction, or return/replace the one with the same identity.
+
+    The returned task's `enqueue_outcome` is "created", "existing" or "replaced". Raises
+    InvalidTask (nothing written) or StaleVersion (a newer version of this key exists).
+    """
     from .enqueueing import enqueue as _enqueue
 
-    return _enqueue(task_type, payload, **options)
+    return _enqueue(
+        task_type,
+        payload,
+        key=key,
+        version=version,
+        priority=priority,
+        run_after=run_after,
+        max_retries=max_retries,
+        timeout=timeout,
+        stage=stage,
+        user_id=user_id,
+        context=context,
+        trace_id=trace_id,
+        retry_same_host=retry_same_host,
+    )
 
 
 def enqueue_many(requests: Any) -> list[Task]:

@@ -56,7 +56,6 @@ def set_status(task: Task, status: str, **extra: Any) -> None:
         (T, object(), {}),
         (T, {"nan": float("nan")}, {}),
         (T, {(1, 2): "tuple key"}, {}),
-        (T, {}, {"colour": "red"}),
         (T, {}, {"key": 5}),
         (T, {}, {"key": "k" * 256}),
         (T, {}, {"key": "k", "version": -1}),
@@ -79,6 +78,15 @@ def test_malformed_requests_are_refused_and_write_nothing(task_type: Any, payloa
     assert not Task.objects.exists()
     assert not TaskKey.objects.exists()
     assert not ScheduleCfg.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_unknown_option_is_refused_and_writes_nothing() -> None:
+    with pytest.raises(TypeError):  # a call-site mistake: enqueue has a fixed signature
+        taskflow.enqueue(T, {}, colour="red")  # type: ignore[call-arg]
+    with pytest.raises(taskflow.InvalidTask, match="colour"):  # request data: a clear error
+        taskflow.enqueue_many([{"task_type": T, "payload": {}, "colour": "red"}])
+    assert not Task.objects.exists()
 
 
 @pytest.mark.django_db
