@@ -8,7 +8,7 @@ runs first, yet a low-priority task is overtaken only by tasks enqueued less tha
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -65,7 +65,6 @@ class ClaimedTask:
     lease_expires_at: datetime
     retry_same_host: int = 0
     prefer_host: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_row(

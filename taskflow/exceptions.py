@@ -21,10 +21,6 @@ class StaleVersion(TaskflowError):
         super().__init__(f"{task_type}/{key}: version {version} is older than the newest known version {newest}")
 
 
-class InvalidTransition(TaskflowError):
-    """An operator action does not apply to the task's current state."""
-
-
 class UnknownTaskType(TaskflowError):
     """No handler is registered for a task type."""
 

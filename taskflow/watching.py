@@ -269,15 +269,11 @@ def reap_dead_worker_rows(now: datetime | None = None, keep_going: KeepGoing = _
 
 
 def reconcile_counters() -> int:
-    """Set the limiter's Redis counters to the true processing counts, once the limiter provides it."""
-    reconcile = getattr(limiter_module, "reconcile_counters", None)
-    if reconcile is None or not Limiter().uses_redis:
-        return 0
-    fixed = reconcile()
-    count = len(fixed) if isinstance(fixed, dict | list | set | tuple) else int(bool(fixed))
-    if count:
-        log.info("reconciled limiter counters: %s", fixed)
-    return count
+    """Correct the limiter's Redis counters to the true processing counts; returns how many it checked.
+
+    The limiter logs the corrections it makes; without Redis there are no counters to correct.
+    """
+    return len(limiter_module.reconcile_counters())
 
 
 # -- the watcher ----------------------------------------------------------------------------------
