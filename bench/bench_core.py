@@ -435,7 +435,7 @@ def print_header(args: argparse.Namespace, plan: Plan, has_redis: bool) -> None:
     import django
 
     from taskflow.conf import get_settings
-    from taskflow.configs import configs
+    from taskflow.engine.configs import configs
 
     cfg = configs.get(TASK_TYPE)
     print("taskflow core benchmark", "(quick)" if args.quick else "(full)")
@@ -509,7 +509,7 @@ def main() -> int:
     database.reset_schedule_configs("bench.")
     database.reset_tables()
 
-    from taskflow.redis import get_redis
+    from taskflow.engine.redis import get_redis
 
     has_redis = get_redis() is not None
     print_header(args, plan, has_redis)

@@ -87,7 +87,7 @@ def reset_tables() -> None:
 
 def reset_schedule_configs(prefix: str) -> None:
     """Drop the ScheduleCfg rows of the bench types, so they are recreated from the engine defaults."""
-    from taskflow.configs import configs
+    from taskflow.engine.configs import configs
     from taskflow.models import ScheduleCfg
 
     ScheduleCfg.objects.filter(task_type__startswith=prefix).delete()

@@ -9,8 +9,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from .engine.registry import handler
 from .exceptions import (
     InvalidTask,
+    LeaseLost,
     NextStage,
     PermanentFailure,
     Snooze,
@@ -18,13 +20,13 @@ from .exceptions import (
     TaskflowError,
     UnknownTaskType,
 )
-from .registry import handler
 
 if TYPE_CHECKING:
     from .models import Task
 
 __all__ = [
     "InvalidTask",
+    "LeaseLost",
     "NextStage",
     "PermanentFailure",
     "Snooze",
@@ -58,7 +60,7 @@ def enqueue(
     The returned task's `enqueue_outcome` is "created", "existing" or "replaced". Raises
     InvalidTask (nothing written) or StaleVersion (a newer version of this key exists).
     """
-    from .enqueueing import enqueue as _enqueue
+    from .engine.enqueueing import enqueue as _enqueue
 
     return _enqueue(
         task_type,
@@ -79,6 +81,6 @@ def enqueue(
 
 def enqueue_many(requests: Any) -> list[Task]:
     """Create many tasks in one transaction; see taskflow.enqueueing.enqueue_many."""
-    from .enqueueing import enqueue_many as _enqueue_many
+    from .engine.enqueueing import enqueue_many as _enqueue_many
 
     return _enqueue_many(requests)

@@ -7,7 +7,11 @@ class TaskflowConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Handlers live in each installed app's tasks.py, as with Django's own task modules.
         from django.utils.module_loading import autodiscover_modules
 
+        from .engine import ids, nodes
+
+        # The id generator knows nothing of the database; its node numbers are leased here.
+        ids.use_node_source(nodes.NodeLeases())
+        # Handlers live in each installed app's tasks.py, as with Django's own task modules.
         autodiscover_modules("tasks")

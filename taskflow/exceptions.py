@@ -25,6 +25,13 @@ class UnknownTaskType(TaskflowError):
     """No handler is registered for a task type."""
 
 
+class LeaseLost(TaskflowError):
+    """This attempt no longer owns its task (it was rescued or stopped): stop working on it.
+
+    Raised by ctx.heartbeat() and ctx.save_checkpoint(); let it propagate, nothing is written for a lost attempt.
+    """
+
+
 class TaskControl(Exception):  # noqa: N818 - these are signals, not errors
     """Raised by a handler (usually through its context) to end an attempt in a chosen way."""
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from . import ids
 from .conf import get_settings
-from .validation import MAX_PRIORITY, MIN_PRIORITY
+from .engine import ids
+from .engine.validation import MAX_PRIORITY, MIN_PRIORITY
 
 
 class Status(models.TextChoices):

@@ -14,8 +14,8 @@ from urllib.parse import quote
 import pytest
 from django.db import connection
 
-from taskflow.configs import configs
-from taskflow.redis import get_redis
+from taskflow.engine.configs import configs
+from taskflow.engine.redis import get_redis
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -121,7 +121,7 @@ def start_worker(transactional_db, run_log: Path, monkeypatch: pytest.MonkeyPatc
     """Run an in-process Worker on a thread (handlers log to `run_log`); each is stopped at teardown."""
     import threading
 
-    from taskflow.worker import Worker
+    from taskflow.runtime.worker import Worker
 
     monkeypatch.setenv("TASKFLOW_TEST_LOG", str(run_log))
     started: list[tuple[Worker, threading.Thread]] = []

@@ -7,7 +7,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 import taskflow
-from taskflow.configs import configs
+from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task
 
 pytestmark = pytest.mark.django_db

@@ -10,12 +10,14 @@ from django.db.models import F
 from django.utils import timezone
 
 import taskflow
-from taskflow.attempts import MAX_MESSAGE, LeaseLost, Outcome, Report, apply_reports, heartbeat, row_changes
-from taskflow.claiming import ClaimedTask, claim_batch
-from taskflow.configs import configs
-from taskflow.context import TaskContext
+from taskflow.engine.attempts import ClaimedTask, LeaseLost, Outcome, Report, heartbeat
+from taskflow.engine.claiming import claim_batch
+from taskflow.engine.configs import configs
+from taskflow.engine.finishing import finish_attempts
+from taskflow.engine.transitions import MAX_MESSAGE, row_changes
 from taskflow.exceptions import NextStage
 from taskflow.models import RetryStrategy, ScheduleCfg, Status, Task
+from taskflow.runtime.context import TaskContext
 
 T = "test.noop"
 NOW = timezone.now()
@@ -199,21 +201,21 @@ def test_a_report_from_an_attempt_that_was_taken_away_changes_nothing() -> None:
     take_away(old.id)
     before = row(old.id)
 
-    assert apply_reports([Report(old, Outcome.SUCCESS, result={"late": True})], cfgs) == []
+    assert finish_attempts([Report(old, Outcome.SUCCESS, result={"late": True})], cfgs=cfgs) == []
     assert row(old.id) == before
 
     # Claimed again: the old attempt still cannot report, the new one can.
     [new] = claim_batch(cfgs[T], 1, "w2")
     assert new.lease_token == old.lease_token + 2
     claimed_row = row(old.id)
-    assert apply_reports([Report(old, Outcome.ERROR, error="late failure")], cfgs) == []
+    assert finish_attempts([Report(old, Outcome.ERROR, error="late failure")], cfgs=cfgs) == []
     assert row(old.id) == claimed_row
     fresh = Report(new, Outcome.SUCCESS, result={"by": "w2"})
-    assert apply_reports([fresh], cfgs) == [fresh]
+    assert finish_attempts([fresh], cfgs=cfgs) == [fresh]
     done = row(old.id)
     assert (done["status"], done["result"], done["attempts"]) == (Status.SUCCESS, {"by": "w2"}, 2)
     # A duplicate of an accepted report is refused too: the attempt is over.
-    assert apply_reports([fresh], cfgs) == []
+    assert finish_attempts([fresh], cfgs=cfgs) == []
 
 
 @pytest.mark.django_db
@@ -227,7 +229,7 @@ def test_a_batch_with_one_stale_report_applies_only_the_others() -> None:
     before_b = row(b.id)
 
     reports = [Report(t, Outcome.SUCCESS, result={"id": t.id}) for t in (a, b, c)]
-    accepted = apply_reports(reports, cfgs)
+    accepted = finish_attempts(reports, cfgs=cfgs)
 
     assert [r.task.id for r in accepted] == [a.id, c.id]
     assert row(b.id) == before_b
@@ -248,7 +250,7 @@ def test_one_batch_applies_different_outcomes_to_different_tasks() -> None:
         Report(held[3], Outcome.SNOOZE, delay=60),
         Report(held[4], Outcome.NEXT_STAGE, next_stage=NextStage("two", context={"n": 2})),
     ]
-    assert len(apply_reports(reports, {T: cfg})) == 5
+    assert len(finish_attempts(reports, cfgs={T: cfg})) == 5
     rows = [row(t.id) for t in held]
     assert [(r["status"], r["result"]) for r in rows[:2]] == [(Status.SUCCESS, [1]), (Status.SUCCESS, [2])]
     assert (rows[2]["status"], rows[2]["attempts"]) == (Status.PENDING, 1)
@@ -256,7 +258,7 @@ def test_one_batch_applies_different_outcomes_to_different_tasks() -> None:
     assert (rows[3]["status"], rows[3]["attempts"]) == (Status.PENDING, 0)
     assert (rows[4]["stage"], rows[4]["context"], rows[4]["attempts"]) == ("two", {"n": 2}, 0)
     assert all(r["lease_expires_at"] is None for r in rows)
-    assert apply_reports([], {}) == []
+    assert finish_attempts([], cfgs={}) == []
 
 
 def test_a_failed_attempt_asking_for_host_affinity_is_retried_on_its_first_host() -> None:

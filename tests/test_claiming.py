@@ -10,8 +10,8 @@ from django.db import connection
 from django.utils import timezone
 
 import taskflow
-from taskflow.claiming import claim_batch
-from taskflow.configs import configs
+from taskflow.engine.claiming import claim_batch
+from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task
 
 T = "test.noop"

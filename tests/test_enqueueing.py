@@ -13,9 +13,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 import taskflow
-from taskflow import wakeup
-from taskflow.claiming import claim_batch
-from taskflow.configs import configs
+from taskflow.engine import wakeup
+from taskflow.engine.claiming import claim_batch
+from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task, TaskKey
 
 from .conftest import wait_until

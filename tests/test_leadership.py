@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from taskflow import locks
-from taskflow.leadership import LEADER_LOCK, Leadership
-from taskflow.watching import Watcher
+from taskflow.engine import locks
+from taskflow.runtime.leadership import LEADER_LOCK, Leadership
+from taskflow.runtime.watcher import Watcher
 
 from .conftest import wait_until
 

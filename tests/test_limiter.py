@@ -12,10 +12,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import taskflow
-from taskflow import limiter
-from taskflow.claiming import claim_batch
-from taskflow.configs import configs
-from taskflow.limiter import GATE, GLOBAL, Limiter, counter_key, reconcile_counters
+from taskflow.engine import limiter
+from taskflow.engine.claiming import claim_batch
+from taskflow.engine.configs import configs
+from taskflow.engine.limiter import GATE, GLOBAL, Limiter, counter_key, reconcile_counters
 from taskflow.models import Lock, ScheduleCfg, Status, Task
 
 from .conftest import wait_until

@@ -17,10 +17,10 @@ from django.db import connection
 from django.db.models import Count
 
 import taskflow
-from taskflow.configs import configs
-from taskflow.limiter import GLOBAL, counter_key, reconcile_counters
+from taskflow.engine.configs import configs
+from taskflow.engine.limiter import GLOBAL, counter_key, reconcile_counters
+from taskflow.engine.redis import get_redis
 from taskflow.models import ScheduleCfg, Status, Task
-from taskflow.redis import get_redis
 
 from .conftest import wait_until
 

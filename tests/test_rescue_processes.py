@@ -8,11 +8,11 @@ import pytest
 from django.conf import settings
 
 import taskflow
-from taskflow import locks
-from taskflow.configs import configs
-from taskflow.leadership import LEADER_LOCK
-from taskflow.limiter import Limiter, counter_key
+from taskflow.engine import locks
+from taskflow.engine.configs import configs
+from taskflow.engine.limiter import Limiter, counter_key
 from taskflow.models import ScheduleCfg, Status, Task, WorkerProcess
+from taskflow.runtime.leadership import LEADER_LOCK
 
 from .conftest import read_runs, wait_until
 

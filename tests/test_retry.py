@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from taskflow.engine.retry import RetryPolicy
 from taskflow.models import RetryStrategy, ScheduleCfg
-from taskflow.retry import RetryPolicy
 
 
 def const(value: float):  # noqa: ANN201

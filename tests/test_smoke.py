@@ -10,7 +10,7 @@ from .conftest import read_runs, wait_until
 
 @pytest.mark.django_db(transaction=True)
 def test_enqueue_and_run_in_process():
-    from taskflow.worker import Worker
+    from taskflow.runtime.worker import Worker
 
     task = taskflow.enqueue("test.noop", {"x": 1})
     Worker(["test.noop"], concurrency=2, burst=True).run()

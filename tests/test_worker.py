@@ -9,11 +9,12 @@ import pytest
 from django.db.models import F
 
 import taskflow
-from taskflow.attempts import Outcome, apply_reports
-from taskflow.claiming import claim_batch
-from taskflow.configs import configs
+from taskflow.engine.attempts import Outcome
+from taskflow.engine.claiming import claim_batch
+from taskflow.engine.configs import configs
+from taskflow.engine.finishing import finish_attempts
 from taskflow.models import SCHEDULE_LOG_SIZE, ScheduleCfg, Status, Task
-from taskflow.worker import Worker
+from taskflow.runtime.worker import Worker
 
 from .conftest import read_runs, wait_until
 
@@ -160,7 +161,7 @@ def test_a_stopping_worker_hands_back_claimed_tasks_it_has_not_started(run_log: 
     report = worker._execute(held)  # a job reaching a handler thread after the stop was requested
 
     assert report.outcome == Outcome.HANDBACK
-    assert apply_reports([report], {"test.record": configs.get("test.record")}) == [report]
+    assert finish_attempts([report], cfgs={"test.record": configs.get("test.record")}) == [report]
     row = Task.objects.get(pk=task.pk)
     assert (row.status, row.attempts, row.worker_id, row.schedule_log) == (Status.PENDING, 0, "", [])
     assert not run_log.exists()

@@ -81,7 +81,7 @@ def test_a_task_still_running_when_the_grace_period_ends_is_requeued_as_a_counte
 
 def test_a_waiting_worker_is_woken_by_redis_not_its_poll(spawn, redis_client, run_log: Path) -> None:
     """With a 60 s poll interval, only the on-commit wake-up can start a task within seconds."""
-    from taskflow.configs import configs
+    from taskflow.engine.configs import configs
     from taskflow.models import ScheduleCfg, WorkerProcess
 
     configs.get("test.record")

@@ -3,7 +3,7 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
-from taskflow.watching import Watcher
+from taskflow.runtime.watcher import Watcher
 
 log = logging.getLogger("taskflow.watch")
 

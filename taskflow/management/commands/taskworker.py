@@ -3,7 +3,7 @@ import signal
 from django.core.management.base import BaseCommand, CommandError
 
 from taskflow.exceptions import UnknownTaskType
-from taskflow.worker import TooManyStuckHandlers, Worker
+from taskflow.runtime.worker import TooManyStuckHandlers, Worker
 
 
 def positive_int(value: str) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conf import get_settings
+from ..conf import get_settings
 
 
 def get_redis() -> Any | None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NoReturn
 
-from . import attempts
-from .claiming import ClaimedTask
-from .exceptions import NextStage, PermanentFailure, Snooze
+from ..engine import attempts
+from ..engine.attempts import ClaimedTask
+from ..exceptions import NextStage, PermanentFailure, Snooze
 
 
 class TaskContext:

@@ -8,10 +8,9 @@ from django.db import transaction
 from django.db.models import Count
 
 import taskflow
+from taskflow.engine.registry import registered_types
+from taskflow.management.commands.taskworker import non_negative_float, positive_int
 from taskflow.models import Status, Task
-from taskflow.registry import registered_types
-
-from .taskworker import non_negative_float, positive_int
 
 
 def demo_requests(round_no: int, version: int) -> list[dict[str, Any]]:

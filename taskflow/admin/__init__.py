@@ -16,8 +16,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .conf import get_settings
-from .models import Lock, ScheduleCfg, SchedulePos, Task, WorkerProcess
+from ..conf import get_settings
+from ..models import Lock, ScheduleCfg, SchedulePos, Task, WorkerProcess
 
 admin.site.site_header = "taskflow console"
 admin.site.site_title = "taskflow"

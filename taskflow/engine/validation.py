@@ -9,7 +9,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from .exceptions import InvalidTask
+from ..exceptions import InvalidTask
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # django.tasks convention: higher runs first
 TASK_TYPE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,99}$")

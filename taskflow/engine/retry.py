@@ -6,7 +6,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .models import RetryStrategy, ScheduleCfg
+from ..models import RetryStrategy, ScheduleCfg
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 from django.db import IntegrityError, transaction
 
-from .conf import get_settings
-from .models import ScheduleCfg
+from ..conf import get_settings
+from ..models import ScheduleCfg
 
 
 class ConfigCache:

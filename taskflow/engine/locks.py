@@ -47,7 +47,7 @@ def release(name: str, owner: str) -> None:
     if client is not None:
         client.eval(_RELEASE, 1, key("lock", name), owner)
         return
-    from .models import Lock
+    from ..models import Lock
 
     _outside_caller_transaction(lambda: Lock.objects.filter(name=name, owner=owner).delete())
 
@@ -58,14 +58,14 @@ def holder(name: str) -> str | None:
     if client is not None:
         value = client.get(key("lock", name))
         return value.decode() if value is not None else None
-    from .models import Lock
+    from ..models import Lock
 
     row = Lock.objects.filter(name=name, expires_at__gt=timezone.now()).values_list("owner", flat=True).first()
     return row
 
 
 def _db_acquire(name: str, owner: str, ttl: float) -> bool:
-    from .models import Lock
+    from ..models import Lock
 
     now = timezone.now()
     expires = now + timedelta(seconds=ttl)

@@ -12,13 +12,14 @@ from django.test import override_settings
 from django.utils import timezone
 
 import taskflow
-from taskflow import watching
-from taskflow.attempts import LeaseLost, Outcome, Report, apply_reports, heartbeat
-from taskflow.claiming import ClaimedTask, claim_batch
-from taskflow.configs import configs
-from taskflow.limiter import Limiter, counter_key
+from taskflow.engine import expiry, rescue, workers
+from taskflow.engine.attempts import ClaimedTask, LeaseLost, Outcome, Report, heartbeat
+from taskflow.engine.claiming import claim_batch
+from taskflow.engine.configs import configs
+from taskflow.engine.finishing import finish_attempts
+from taskflow.engine.limiter import Limiter, counter_key
 from taskflow.models import ScheduleCfg, Status, Task, WorkerProcess
-from taskflow.worker import TooManyStuckHandlers, Worker
+from taskflow.runtime.worker import TooManyStuckHandlers, Worker
 
 from .conftest import wait_until
 
@@ -53,7 +54,7 @@ def test_dead_worker_attempt_is_counted_requeued_and_fenced():
     claimed = _claim()
     _worker_row(age=10)  # LIVENESS_TIMEOUT is 3s in the test settings
 
-    assert watching.rescue_dead_workers() == 1
+    assert rescue.rescue_dead_workers() == 1
 
     task.refresh_from_db()
     assert task.status == Status.PENDING
@@ -66,16 +67,16 @@ def test_dead_worker_attempt_is_counted_requeued_and_fenced():
     assert task.run_after > claimed.claimed_at  # back-off from the retry policy
     # The dead attempt's late report changes nothing.
     assert (
-        apply_reports(
-            [Report(claimed, Outcome.SUCCESS, result={"late": True})], {"test.noop": configs.get("test.noop")}
+        finish_attempts(
+            [Report(claimed, Outcome.SUCCESS, result={"late": True})], cfgs={"test.noop": configs.get("test.noop")}
         )
         == []
     )
     task.refresh_from_db()
     assert task.status == Status.PENDING and task.result is None
     # Idempotent: nothing left to do, and the row goes once nothing of the worker is processing.
-    assert watching.rescue_dead_workers() == 0
-    assert watching.reap_dead_worker_rows() == 1
+    assert rescue.rescue_dead_workers() == 0
+    assert workers.reap_dead_worker_rows() == 1
     assert not WorkerProcess.objects.exists()
 
 
@@ -83,17 +84,17 @@ def test_live_worker_keeps_its_attempts():
     taskflow.enqueue("test.noop")
     _claim()
     _worker_row(age=0.5)
-    assert watching.rescue_dead_workers() == 0
-    assert watching.reap_dead_worker_rows() == 0
+    assert rescue.rescue_dead_workers() == 0
+    assert workers.reap_dead_worker_rows() == 0
     assert Task.objects.get().status == Status.PROCESSING
 
 
 def test_attempt_of_a_worker_without_a_row_is_rescued_once_silent_for_the_timeout():
     task = taskflow.enqueue("test.noop")
     _claim()
-    assert watching.rescue_dead_workers() == 0  # it may simply not have beaten yet
+    assert rescue.rescue_dead_workers() == 0  # it may simply not have beaten yet
     Task.objects.filter(pk=task.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=10))
-    assert watching.rescue_dead_workers() == 1
+    assert rescue.rescue_dead_workers() == 1
     assert Task.objects.get(pk=task.pk).status == Status.PENDING
 
 
@@ -103,7 +104,7 @@ def test_rescue_of_the_last_allowed_attempt_fails_the_task():
         Task.objects.filter(pk=task.pk).update(run_after=timezone.now() - timedelta(seconds=1))
         _claim()
         _worker_row(age=10)
-        assert watching.rescue_dead_workers() == 1
+        assert rescue.rescue_dead_workers() == 1
         WorkerProcess.objects.all().delete()
     task.refresh_from_db()
     assert task.status == Status.FAILED
@@ -120,13 +121,13 @@ def test_expired_attempt_is_rescued_but_a_heartbeating_one_is_not():
     late = a if a.id == expired.id else b
     Task.objects.filter(pk=expired.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
-    assert watching.rescue_expired_attempts() == 1
+    assert rescue.rescue_expired_attempts() == 1
     assert Task.objects.get(pk=expired.pk).status == Status.PENDING
     assert Task.objects.get(pk=alive.pk).status == Status.PROCESSING
     assert "ran past its deadline" in Task.objects.get(pk=expired.pk).status_msg
     with pytest.raises(LeaseLost):
         heartbeat(late)
-    assert watching.rescue_expired_attempts() == 0
+    assert rescue.rescue_expired_attempts() == 0
 
 
 def test_rescue_gives_the_limiter_slot_back(redis_client):
@@ -137,10 +138,10 @@ def test_rescue_gives_the_limiter_slot_back(redis_client):
     _claim()
     assert limiter.take("test.noop", 1, 1) == 0  # the one slot is held
     _worker_row(age=10)
-    assert watching.rescue_dead_workers() == 1
+    assert rescue.rescue_dead_workers() == 1
     assert int(redis_client.get(counter_key("test.noop"))) == 0
     # A second pass finds nothing, so the slot is not given back twice.
-    assert watching.rescue_dead_workers() == 0
+    assert rescue.rescue_dead_workers() == 0
     assert limiter.take("test.noop", 1, 1) == 1
 
 
@@ -149,7 +150,7 @@ def test_rescued_task_asking_for_host_affinity_prefers_its_first_host():
     anywhere = taskflow.enqueue("test.noop")
     claim_batch(configs.get("test.noop"), 2, WORKER)
     _worker_row(age=10)
-    assert watching.rescue_dead_workers() == 2
+    assert rescue.rescue_dead_workers() == 2
 
     wants.refresh_from_db()
     anywhere.refresh_from_db()
@@ -174,8 +175,8 @@ def test_pending_past_its_timeout_fails_unless_the_type_is_paused():
     paused = taskflow.enqueue("test.record", run_after=-120)
     other = taskflow.enqueue("test.fail", run_after=-(10**6))  # pending_timeout 0: never
 
-    assert watching.fail_stale_pending() == 1
-    assert watching.fail_stale_pending() == 0
+    assert expiry.fail_stale_pending() == 1
+    assert expiry.fail_stale_pending() == 0
     statuses = dict(Task.objects.values_list("id", "status"))
     assert statuses[stale.id] == Status.FAILED
     assert {statuses[t.id] for t in (fresh, later, paused, other)} == {Status.PENDING}
@@ -188,8 +189,8 @@ def test_success_past_its_retention_becomes_stopped():
     Task.objects.update(status=Status.SUCCESS, result={"ok": 1})
     Task.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(hours=2))
 
-    assert watching.expire_successes() == 1
-    assert watching.expire_successes() == 0
+    assert expiry.expire_successes() == 1
+    assert expiry.expire_successes() == 0
     old.refresh_from_db()
     assert old.status == Status.STOPPED and old.result == {"ok": 1}
     assert Task.objects.get(pk=new.pk).status == Status.SUCCESS
@@ -209,11 +210,11 @@ def test_purge_deletes_old_failed_and_stopped_in_batches():
     from django.db import connection
 
     with connection.execute_wrapper(lambda execute, sql, *a: statements.append(sql) or execute(sql, *a)):
-        assert watching.purge_finished() == 10
+        assert expiry.purge_finished() == 10
     deletes = [s for s in statements if s.lstrip().upper().startswith("DELETE")]
     assert len(deletes) == 4  # 3 + 3 + 3 + 1 rows, by primary key
     assert set(Task.objects.values_list("id", flat=True)) == {recent.id, old_pending.id}
-    assert watching.purge_finished() == 0
+    assert expiry.purge_finished() == 0
 
 
 def test_purge_stops_between_batches_when_told():
@@ -223,7 +224,7 @@ def test_purge_stops_between_batches_when_told():
     Task.objects.update(status=Status.FAILED, finished_at=timezone.now() - timedelta(days=2))
     batches = iter([True, False])
     with override_settings(TASKFLOW={"PURGE_BATCH": 2}):
-        assert watching.purge_finished(keep_going=lambda: next(batches)) == 2
+        assert expiry.purge_finished(keep_going=lambda: next(batches)) == 2
     assert Task.objects.count() == 3
 
 

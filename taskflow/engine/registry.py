@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .exceptions import UnknownTaskType
+from ..exceptions import UnknownTaskType
 from .validation import validate_task_type
 
 Handler = Callable[..., Any]

@@ -18,22 +18,22 @@ import socket
 import threading
 import time
 import traceback
-from collections import defaultdict
 from collections.abc import Iterable
 
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
-from . import registry, wakeup
-from .attempts import LeaseLost, Outcome, Report, apply_reports
-from .claiming import ClaimedTask, claim_batch
-from .conf import get_settings
-from .configs import configs
+from ..conf import get_settings
+from ..engine import registry, wakeup
+from ..engine.attempts import ClaimedTask, Outcome, Report
+from ..engine.claiming import claim_batch
+from ..engine.configs import configs
+from ..engine.finishing import finish_attempts
+from ..engine.limiter import Limiter
+from ..engine.validation import validate_json
+from ..exceptions import LeaseLost, NextStage, PermanentFailure, Snooze
 from .context import TaskContext
-from .exceptions import NextStage, PermanentFailure, Snooze
-from .limiter import Limiter
 from .liveness import LivenessBeat
-from .validation import validate_json
 
 log = logging.getLogger("taskflow.worker")
 
@@ -348,23 +348,10 @@ class Worker:
                 return
 
     def _flush(self, reports: list[Report]) -> None:
-        live = [r for r in reports if r.outcome != Outcome.LOST]
-        cfgs = configs.get_many({r.task.task_type for r in live})
-        accepted = apply_reports(live, cfgs) if live else []
-        refused = len(live) - len(accepted)
-        if refused:
+        accepted = finish_attempts(reports, limiter=self.limiter)
+        refused = sum(1 for r in reports if r.outcome != Outcome.LOST) - len(accepted)
+        if refused > 0:
             log.warning("%d stale report(s) refused (their attempts were taken away)", refused)
-        # Slots go back only for attempts whose final update we made; a refused attempt's slot was
-        # already returned by whoever took it away.
-        released: dict[str, int] = defaultdict(int)
-        for report in accepted:
-            released[report.task.task_type] += 1
-        for task_type, count in released.items():
-            self.limiter.give_back(task_type, count, cfgs[task_type].concurrency_limit)
-        # Requeued work (retries, next stages, hand-backs) may already be due: look again now.
-        requeued = {r.task.task_type for r in accepted if r.outcome != Outcome.SUCCESS}
-        if requeued:
-            self._on_wakeup(requeued)
         with self._lock:
             self._unreported -= len(reports)
             self.processed += sum(1 for r in accepted if r.outcome != Outcome.HANDBACK)

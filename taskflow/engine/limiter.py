@@ -24,8 +24,8 @@ from django.db import transaction
 from django.db.models import Count
 from redis.exceptions import RedisError
 
-from .conf import get_settings
-from .models import Lock, ScheduleCfg, Status, Task
+from ..conf import get_settings
+from ..models import Lock, ScheduleCfg, Status, Task
 from .redis import get_redis, key
 
 log = logging.getLogger("taskflow.limiter")

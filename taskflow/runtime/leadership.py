@@ -16,8 +16,8 @@ import time
 
 from django.db import DatabaseError, connection
 
-from . import locks
-from .conf import get_settings
+from ..conf import get_settings
+from ..engine import locks
 
 log = logging.getLogger("taskflow.watch")
 

@@ -10,17 +10,17 @@ import uuid
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from functools import cache
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from . import ids, sqlvalues, wakeup
+from ..exceptions import InvalidTask, StaleVersion
+from ..models import Status, Task, TaskKey
+from . import ids, sql, wakeup
 from .configs import configs
-from .exceptions import InvalidTask, StaleVersion
-from .models import Status, Task, TaskKey
+from .transitions import order_time
 from .validation import (
     MAX_INT,
     json_text,
@@ -102,11 +102,6 @@ class TaskSpec:
         )
 
 
-def order_time(run_after: datetime, priority: int, aging: float) -> datetime:
-    """The scheduling key: run_after moved earlier by `aging` seconds per priority point."""
-    return run_after - timedelta(seconds=priority * aging)
-
-
 def enqueue(task_type: str, payload: Any = None, **options: Any) -> Task:
     """Create one task (or return/replace the existing one with the same identity)."""
     return enqueue_many([{"task_type": task_type, "payload": payload, **options}])[0]
@@ -134,13 +129,13 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     # Unkeyed tasks cannot be refused, so they join the caller's transaction without the cost of
     # a savepoint; a call with keys gets one, so a StaleVersion undoes the whole call and nothing else.
     # A lone INSERT is atomic by itself: no transaction needed (one round trip, not four).
-    single_statement = not keyed and len(fresh) <= INSERT_BATCH
+    single_statement = not keyed and len(fresh) <= sql.INSERT_BATCH
     with transaction.atomic(savepoint=bool(keyed)) if not single_statement else nullcontext():
         for (i, task), task_id in zip(fresh, ids.next_ids(len(fresh)), strict=True):
             task.id = task_id
             results[i] = task
         if fresh:
-            insert_tasks([t for _, t in fresh])
+            sql.insert_tasks(sql.task_table(), [t for _, t in fresh])
         # Identity locks are taken in one global order so two bulk calls cannot deadlock.
         for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
             results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now)
@@ -229,7 +224,7 @@ def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime) -> Task:
     else:
         task = _new_task(spec, aging, now)
         task.id = ids.next_id()
-        insert_tasks([task])
+        sql.insert_tasks(sql.task_table(), [task])
 
     if spec.version > head.version:
         TaskKey.objects.filter(pk=head.pk).update(version=spec.version)
@@ -278,67 +273,3 @@ def _replace(existing: Task, spec: TaskSpec, aging: float, now: datetime) -> Tas
     task = Task.objects.get(pk=existing.pk)
     task.enqueue_outcome = REPLACED if updated else EXISTING  # type: ignore[attr-defined]
     return task
-
-
-INSERT_BATCH = 1000
-
-
-def insert_tasks(tasks: list[Task]) -> None:
-    """INSERT new task rows with multi-row statements of up to INSERT_BATCH rows.
-
-    Hand-built because the ORM's bulk_create prepares every field of every row one call at a time,
-    which costs several times more than the database's own work for a table this wide. Columns
-    whose value is the same for the whole batch are converted once.
-    """
-    head, attnames, adapters, placeholders = _insert_plan(connection.vendor)
-    # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
-    # once saves most of that. Other drivers bind parameters natively and gain nothing.
-    connection.ensure_connection()  # the driver's own literal() is needed before any query ran
-    literal = connection.connection.literal if connection.vendor == "mysql" else None
-    for start in range(0, len(tasks), INSERT_BATCH):
-        chunk = tasks[start : start + INSERT_BATCH]
-        marks: list[str] = []
-        varying: list[int] = []
-        for i, name in enumerate(attnames):
-            first = getattr(chunk[0], name)
-            if literal is not None and all(getattr(t, name) == first for t in chunk):
-                rendered = literal(adapters[i](first))
-                marks.append((rendered.decode() if isinstance(rendered, bytes) else rendered).replace("%", "%%"))
-            else:
-                marks.append(placeholders[i])
-                varying.append(i)
-        getters = [_payload_getter if attnames[i] == "payload" else _getter(attnames[i], adapters[i]) for i in varying]
-        params: list[Any] = []
-        for task in chunk:
-            params.extend(get(task) for get in getters)
-        row_sql = "(" + ", ".join(marks) + ")"
-        sql = head + ", ".join([row_sql] * len(chunk))
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-    for task in tasks:
-        task._state.adding = False
-        task._state.db = connection.alias
-
-
-def _getter(attname: str, adapt: sqlvalues.Adapter) -> Any:
-    return lambda task: adapt(getattr(task, attname))
-
-
-def _payload_getter(task: Task) -> Any:
-    # Validation already serialised the payload; do not do it twice per task.
-    text = task.__dict__.get("_payload_text")
-    return text if text is not None else sqlvalues.to_db("payload")(task.payload)
-
-
-@cache
-def _insert_plan(vendor: str) -> tuple[str, list[str], list[sqlvalues.Adapter], list[str]]:
-    """The INSERT's fixed parts for one database vendor: its head, and each column's name, converter, marker."""
-    fields = Task._meta.concrete_fields
-    qn = connection.ops.quote_name
-    head = f"INSERT INTO {qn(Task._meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) VALUES "
-    return (
-        head,
-        [f.attname for f in fields],
-        [sqlvalues.to_db(f.name) for f in fields],
-        [sqlvalues.placeholder(f.name) for f in fields],
-    )

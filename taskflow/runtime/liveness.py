@@ -1,21 +1,15 @@
-"""Worker liveness: each worker process heartbeats its WorkerProcess row on its own thread.
-
-Kept apart from any task's deadline: a worker that is alive but running a stuck handler still
-beats, and a dead worker stops beating however long its tasks were allowed to run.
-"""
+"""The worker's liveness thread: beats the worker's WorkerProcess row every HEARTBEAT_INTERVAL."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 
 from django.db import DatabaseError, connection
-from django.utils import timezone
 
-from .conf import get_settings
-from .models import WorkerProcess
+from ..conf import get_settings
+from ..engine import workers
 
 log = logging.getLogger("taskflow.liveness")
 
@@ -30,18 +24,7 @@ class LivenessBeat(threading.Thread):
         self._stopped = threading.Event()
 
     def beat(self) -> None:
-        now = timezone.now()
-        updated = WorkerProcess.objects.filter(worker_id=self.worker_id).update(heartbeat_at=now)
-        if not updated:
-            WorkerProcess.objects.create(
-                worker_id=self.worker_id,
-                host=self.host,
-                pid=os.getpid(),
-                task_types=self.task_types,
-                concurrency=self.concurrency,
-                started_at=now,
-                heartbeat_at=now,
-            )
+        workers.beat(self.worker_id, self.host, self.task_types, self.concurrency)
 
     def run(self) -> None:
         interval = get_settings().HEARTBEAT_INTERVAL
@@ -53,7 +36,7 @@ class LivenessBeat(threading.Thread):
                 connection.close()
             self._stopped.wait(interval)
         with contextlib.suppress(DatabaseError):
-            WorkerProcess.objects.filter(worker_id=self.worker_id).delete()
+            workers.forget(self.worker_id)
         connection.close()
 
     def stop(self) -> None:

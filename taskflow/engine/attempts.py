@@ -1,0 +1,123 @@
+"""One attempt of a task: what a worker holds while it runs, how it keeps its lease, how it ends.
+
+A claim starts an attempt (`ClaimedTask`, carrying the fencing token `lease_token`); the handler may
+extend its deadline (`heartbeat`, also saving a checkpoint); the worker ends it with a `Report`,
+which `finishing.finish_attempts` writes. Every write is guarded by `status = 'processing' AND
+lease_token = <the attempt's token>`, so an attempt that was rescued or stopped changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from ..exceptions import LeaseLost, NextStage
+from ..models import ScheduleCfg, Status, Task
+
+
+@dataclass
+class ClaimedTask:
+    """What a worker holds for one attempt; `lease_token` must accompany every report."""
+
+    id: int
+    task_type: str
+    key: str | None
+    version: int
+    priority: int
+    payload: Any
+    context: Any
+    checkpoint: Any
+    stage: str
+    attempt: int
+    max_retries: int
+    timeout: int
+    lease_token: int
+    trace_id: str
+    schedule_log: list[dict[str, Any]]
+    run_after: datetime
+    worker_id: str
+    claimed_at: datetime
+    lease_expires_at: datetime
+    retry_same_host: int = 0
+    prefer_host: str = ""
+
+    @classmethod
+    def from_row(
+        cls,
+        row: dict[str, Any],
+        cfg: ScheduleCfg,
+        *,
+        attempt: int,
+        lease_token: int,
+        worker_id: str,
+        claimed_at: datetime,
+        lease_expires_at: datetime,
+    ) -> ClaimedTask:
+        """An attempt of the task in `row` (which holds at least sql.CLAIM_COLUMNS), per-task settings resolved."""
+        return cls(
+            id=row["id"],
+            task_type=row["task_type"],
+            key=row["key"],
+            version=row["version"],
+            priority=row["priority"],
+            payload=row["payload"],
+            context=row["context"],
+            checkpoint=row["checkpoint"],
+            stage=row["stage"],
+            attempt=attempt,
+            max_retries=cfg.max_retry_num if row["max_retries"] is None else row["max_retries"],
+            timeout=row["timeout"] or cfg.max_processing_time,
+            lease_token=lease_token,
+            trace_id=row["trace_id"],
+            schedule_log=row["schedule_log"] or [],
+            run_after=row["run_after"],
+            worker_id=worker_id,
+            claimed_at=claimed_at,
+            lease_expires_at=lease_expires_at,
+            retry_same_host=row["retry_same_host"],
+            prefer_host=row["prefer_host"],
+        )
+
+
+class Outcome(enum.StrEnum):
+    SUCCESS = "success"
+    ERROR = "error"  # retried by the policy while attempts remain
+    FAIL = "fail"  # permanent: no more attempts
+    SNOOZE = "snooze"  # run later, the attempt not counted
+    NEXT_STAGE = "next_stage"
+    RESCUED = "rescued"  # taken away by taskwatch (dead worker or deadline): a failed attempt
+    HANDBACK = "handback"  # claimed but never started: back to pending as it was
+    LOST = "lost"  # the attempt was taken away while running: nothing to write
+
+
+@dataclass
+class Report:
+    """The end of one attempt, as the worker saw it."""
+
+    task: ClaimedTask
+    outcome: Outcome
+    result: Any = None
+    error: str = ""
+    detail: str = ""  # traceback, kept in status_msg
+    delay: float = 0.0
+    next_stage: NextStage | None = None
+    cost_ms: int = 0
+    written: dict[str, Any] | None = None  # the columns finish_attempts wrote, once accepted
+
+
+def heartbeat(task: ClaimedTask, *, checkpoint: Any = ..., now: datetime | None = None) -> datetime:
+    """Extend this attempt's deadline by its timeout (optionally saving a checkpoint); raises LeaseLost."""
+    now = now or timezone.now()
+    deadline = now + timedelta(seconds=task.timeout)
+    changes: dict[str, Any] = {"lease_expires_at": deadline, "heartbeat_at": now, "updated_at": now}
+    if checkpoint is not ...:
+        changes["checkpoint"] = checkpoint
+    updated = Task.objects.filter(id=task.id, status=Status.PROCESSING, lease_token=task.lease_token).update(**changes)
+    if not updated:
+        raise LeaseLost(f"task {task.id} attempt {task.attempt} no longer holds its lease")
+    task.lease_expires_at = deadline
+    return deadline

@@ -1,0 +1,81 @@
+"""Taking due tasks for a worker: one locked SELECT and one UPDATE per batch.
+
+Order: `order_time` ascending, i.e. due time moved earlier by priority x aging. Higher priority
+runs first, yet a low-priority task is overtaken only by tasks enqueued less than
+(priority difference x aging) seconds after it, so a flood can delay it but never starve it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from ..models import ScheduleCfg
+from . import limiter, sql
+from .attempts import ClaimedTask
+
+
+class ClaimConflict(RuntimeError):
+    """The rows read for a claim changed before the UPDATE (a database without working row locks)."""
+
+
+def claim_batch(
+    cfg: ScheduleCfg,
+    limit: int,
+    worker_id: str,
+    *,
+    host: str = "",
+    exact_limit: int = 0,
+    exact_global_limit: int | None = None,
+    now: datetime | None = None,
+) -> list[ClaimedTask]:
+    """Claim up to `limit` due pending tasks of `cfg.task_type` for `worker_id`.
+
+    `exact_limit` (per type) and `exact_global_limit` (all types; None: GLOBAL_CONCURRENCY_LIMIT
+    when there is no Redis limiter) > 0 enforce concurrency limits in the database: a row is
+    locked and the running count taken inside the claim's transaction, so concurrent claimers
+    can never together exceed them (see limiter.exact_room).
+    """
+    if limit <= 0:
+        return []
+    now = now or timezone.now()
+    table = sql.task_table()
+    if exact_global_limit is None:
+        exact_global_limit = limiter.exact_global_limit()
+    if exact_global_limit > 0:
+        limiter.ensure_gate()
+    with transaction.atomic():
+        if exact_limit > 0 or exact_global_limit > 0:
+            limit = limiter.exact_room(cfg.task_type, limit, exact_limit, exact_global_limit)
+            if limit <= 0:
+                return []
+        rows = sql.select_due(table, cfg.task_type, limit, host, now)
+        if not rows:
+            return []
+        claimed = [_claimed(row, cfg, worker_id, now) for row in rows]
+        by_deadline: dict[datetime, list[int]] = defaultdict(list)
+        for task in claimed:
+            by_deadline[task.lease_expires_at].append(task.id)
+        updated = sum(
+            sql.mark_processing(table, ids, worker_id, now, deadline) for deadline, ids in by_deadline.items()
+        )
+        if updated != len(claimed):
+            raise ClaimConflict(f"claimed {len(claimed)} rows but updated {updated}")
+    return claimed
+
+
+def _claimed(row: dict[str, Any], cfg: ScheduleCfg, worker_id: str, now: datetime) -> ClaimedTask:
+    timeout = row["timeout"] or cfg.max_processing_time
+    return ClaimedTask.from_row(
+        row,
+        cfg,
+        attempt=row["attempts"] + 1,
+        lease_token=row["lease_token"] + 1,
+        worker_id=worker_id,
+        claimed_at=now,
+        lease_expires_at=now + timedelta(seconds=timeout),
+    )

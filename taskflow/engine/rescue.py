@@ -1,0 +1,133 @@
+"""Taking lost attempts away: from workers that stopped heartbeating, and past their deadline.
+
+Two clocks decide when an attempt is lost. Worker liveness: a worker whose WorkerProcess row has
+not been beaten for LIVENESS_TIMEOUT is dead, and all its attempts are rescued at once, however
+long they were allowed to run. The attempt deadline: `lease_expires_at`, extended only by the
+handler itself (ctx.heartbeat() or a checkpoint), so a stuck handler on a live worker loses its
+task too. A rescue ends the attempt as a failed one through `finish_attempts` (retried or failed
+by the same rules as any failed attempt), with a new fencing token, and gives its limiter slot back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from ..conf import get_settings
+from ..models import Status, Task, WorkerProcess
+from . import sql
+from .attempts import ClaimedTask, Outcome, Report
+from .configs import configs
+from .finishing import finish_attempts
+
+log = logging.getLogger("taskflow.watch")
+
+RESCUE_BATCH = 100  # attempts per rescue statement group: short row locks, bounded memory
+
+KeepGoing = Callable[[], bool]
+
+
+def _always() -> bool:
+    return True
+
+
+# What a rescue reads: the attempt as claimed, plus who holds it and since when.
+_COLUMNS = (*sql.CLAIM_COLUMNS, "worker_id", "started_at", "lease_expires_at")
+
+
+def rescue_dead_workers(now: datetime | None = None, keep_going: KeepGoing = _always) -> int:
+    """Take away every attempt of workers whose liveness heartbeat is older than LIVENESS_TIMEOUT."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=get_settings().LIVENESS_TIMEOUT)
+    beats = dict(WorkerProcess.objects.values_list("worker_id", "heartbeat_at"))
+    dead = sorted(w for w, beat in beats.items() if beat < cutoff)
+    # Also attempts of a worker with no row at all (it stopped without reporting them, or its row
+    # was removed), once the attempt itself has shown no sign of life for the same timeout.
+    lost = Task.objects.filter(status=Status.PROCESSING).filter(
+        Q(worker_id__in=dead) | (Q(heartbeat_at__lt=cutoff) & ~Q(worker_id__in=list(beats)))
+    )
+
+    def reason(row: dict[str, Any]) -> str:
+        return f"worker {row['worker_id']} stopped heartbeating"
+
+    outcomes, workers = _rescue(lost, sql.NO_GUARD, reason, now, keep_going)
+    total = sum(outcomes.values())
+    if total:
+        log.info(
+            "rescued %d task(s) of %d dead worker(s) (%d requeued, %d failed): %s",
+            total,
+            len(workers),
+            outcomes[Status.PENDING],
+            outcomes[Status.FAILED],
+            ", ".join(sorted(workers)[:5]) + (" ..." if len(workers) > 5 else ""),
+        )
+    return total
+
+
+def rescue_expired_attempts(now: datetime | None = None, keep_going: KeepGoing = _always) -> int:
+    """Take away attempts past their deadline (`lease_expires_at`) even though their worker lives."""
+    now = now or timezone.now()
+    expired = Task.objects.filter(status=Status.PROCESSING, lease_expires_at__lt=now)
+
+    def reason(row: dict[str, Any]) -> str:
+        return f"attempt {row['attempts']} ran past its deadline without a heartbeat"
+
+    # Guarded on the deadline too: a heartbeat between our read and our UPDATE keeps the task.
+    outcomes, _ = _rescue(expired, sql.Guard.deadline_passed(now), reason, now, keep_going)
+    total = sum(outcomes.values())
+    if total:
+        log.info(
+            "rescued %d task(s) past their deadline (%d requeued, %d failed)",
+            total,
+            outcomes[Status.PENDING],
+            outcomes[Status.FAILED],
+        )
+    return total
+
+
+def _rescue(
+    lost: QuerySet[Task],
+    guard: sql.Guard,
+    reason: Callable[[dict[str, Any]], str],
+    now: datetime,
+    keep_going: KeepGoing,
+) -> tuple[Counter[str], set[str]]:
+    """Rescue the attempts `lost` selects, in batches; returns new statuses counted, and the workers."""
+    outcomes: Counter[str] = Counter()
+    workers: set[str] = set()
+    while keep_going():
+        rows = [dict(zip(_COLUMNS, r, strict=True)) for r in lost.values_list(*_COLUMNS)[:RESCUE_BATCH]]
+        if not rows:
+            break
+        reports = [rescue_report(row, reason(row), now) for row in rows]
+        accepted = finish_attempts(reports, guard=guard, now=now)
+        for report in accepted:
+            workers.add(report.task.worker_id)
+            outcomes[report.written["status"]] += 1  # type: ignore[index]
+        # Rows whose guard failed were changed by someone else: reading them again cannot loop.
+        if len(rows) < RESCUE_BATCH or not accepted:
+            break
+    return outcomes, workers
+
+
+def rescue_report(row: dict[str, Any], reason: str, now: datetime) -> Report:
+    """The end of a lost attempt as a rescue reports it: a failed attempt (already counted at claim)."""
+    cfg = configs.get(row["task_type"])
+    started = row["started_at"] or now
+    attempt = ClaimedTask.from_row(
+        row,
+        cfg,
+        attempt=row["attempts"],  # counted when it was claimed
+        lease_token=row["lease_token"],
+        worker_id=row["worker_id"],
+        claimed_at=started,
+        lease_expires_at=row["lease_expires_at"] or now,
+    )
+    cost_ms = max(0, int((now - started).total_seconds() * 1000))
+    return Report(attempt, Outcome.RESCUED, error=f"rescued: {reason}", cost_ms=cost_ms)

@@ -1,0 +1,58 @@
+"""The registry of live workers: each worker process beats its WorkerProcess row on its own.
+
+Kept apart from any task's deadline: a worker that is alive but running a stuck handler still
+beats, and a dead worker stops beating however long its tasks were allowed to run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from ..conf import get_settings
+from ..models import Status, Task, WorkerProcess
+
+log = logging.getLogger("taskflow.watch")
+
+
+def beat(worker_id: str, host: str, task_types: list[str], concurrency: int, pid: int | None = None) -> None:
+    """Record that `worker_id` is alive now (registering it on its first beat)."""
+    now = timezone.now()
+    updated = WorkerProcess.objects.filter(worker_id=worker_id).update(heartbeat_at=now)
+    if not updated:
+        WorkerProcess.objects.create(
+            worker_id=worker_id,
+            host=host,
+            pid=os.getpid() if pid is None else pid,
+            task_types=task_types,
+            concurrency=concurrency,
+            started_at=now,
+            heartbeat_at=now,
+        )
+
+
+def forget(worker_id: str) -> None:
+    """Remove a worker that stopped cleanly (nothing of it is left to rescue)."""
+    WorkerProcess.objects.filter(worker_id=worker_id).delete()
+
+
+def reap_dead_worker_rows(now: datetime | None = None, keep_going: Callable[[], bool] = lambda: True) -> int:
+    """Delete liveness rows of dead workers once none of their attempts remains processing."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=get_settings().LIVENESS_TIMEOUT)
+    dead = list(WorkerProcess.objects.filter(heartbeat_at__lt=cutoff).values_list("worker_id", flat=True))
+    if not dead or not keep_going():
+        return 0
+    busy = set(
+        Task.objects.filter(status=Status.PROCESSING, worker_id__in=dead).values_list("worker_id", flat=True).distinct()
+    )
+    idle = [w for w in dead if w not in busy]
+    # Guarded on the stale beat: a worker that beats again in between keeps its row.
+    count = WorkerProcess.objects.filter(worker_id__in=idle, heartbeat_at__lt=cutoff).delete()[0] if idle else 0
+    if count:
+        log.info("removed %d dead worker row(s)", count)
+    return count
