@@ -9,6 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 import taskflow
+from taskflow.admin import ScheduleCfgAdmin
 from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task
 
@@ -76,20 +77,12 @@ def test_pausing_a_type_from_the_console_reaches_the_workers_config(staff_client
     assert configs.get("test.noop").paused
 
 
+# Every number and choice on the change page (task_type is read-only there, paused a checkbox).
 EDITABLE = [
-    "schedule_limit",
-    "schedule_interval",
-    "concurrency_limit",
-    "priority_aging",
-    "max_processing_time",
-    "max_retry_num",
-    "retry_strategy",
-    "retry_interval",
-    "max_retry_interval",
-    "retry_jitter",
-    "pending_timeout",
-    "success_retention",
-    "purge_after_days",
+    name
+    for _, options in ScheduleCfgAdmin.fieldsets
+    for name in options["fields"]
+    if name not in ("task_type", "paused", "updated_at")
 ]
 
 
