@@ -7,10 +7,13 @@ class TaskflowConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core import checks
         from django.utils.module_loading import autodiscover_modules
 
+        from .checks import check_settings
         from .engine import ids, nodes
 
+        checks.register(check_settings, "taskflow")
         # The id generator knows nothing of the database; its node numbers are leased here.
         ids.use_node_source(nodes.NodeLeases())
         # Handlers live in each installed app's tasks.py, as with Django's own task modules.

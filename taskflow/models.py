@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from .conf import get_settings
+from .conf import get_settings, value_range
 from .engine import ids
 from .engine.validation import MAX_PRIORITY, MIN_PRIORITY
 
@@ -120,23 +126,55 @@ class TaskKey(models.Model):
         return f"{self.task_type}/{self.key}@v{self.version}"
 
 
+def _within(setting: str) -> list[Any]:
+    """Validators keeping a field in the range of its TASKFLOW default setting."""
+    low, high = value_range(setting)
+    return [MinValueValidator(low), MaxValueValidator(high)]
+
+
 class ScheduleCfg(models.Model):
-    """How one task type is scheduled; created with defaults on first use and editable live."""
+    """How one task type is scheduled; created with defaults on first use and editable live.
+
+    Each field has the range of its TASKFLOW default (conf.TaskflowSettings), so the admin refuses
+    a value a worker could not run with.
+    """
 
     task_type = models.CharField(max_length=100, primary_key=True)
-    schedule_limit = models.PositiveIntegerField(default=100, help_text="max tasks per claim")
-    schedule_interval = models.FloatField(default=1.0, help_text="seconds between polls")
-    max_processing_time = models.PositiveIntegerField(default=300, help_text="seconds per attempt")
-    max_retry_num = models.PositiveIntegerField(default=3)
+    schedule_limit = models.PositiveIntegerField(
+        default=100, validators=_within("SCHEDULE_LIMIT"), help_text="max tasks per claim (1-1000)"
+    )
+    schedule_interval = models.FloatField(
+        default=1.0, validators=_within("SCHEDULE_INTERVAL"), help_text="seconds between polls"
+    )
+    max_processing_time = models.PositiveIntegerField(
+        default=300, validators=_within("MAX_PROCESSING_TIME"), help_text="seconds per attempt"
+    )
+    max_retry_num = models.PositiveIntegerField(default=3, validators=_within("MAX_RETRY_NUM"))
     retry_strategy = models.CharField(max_length=12, choices=RetryStrategy.choices, default=RetryStrategy.EXPONENTIAL)
-    retry_interval = models.FloatField(default=10.0, help_text="seconds: base delay")
-    max_retry_interval = models.FloatField(default=3600.0, help_text="seconds: cap on any delay")
-    retry_jitter = models.FloatField(default=0.1, help_text="fraction of the delay randomly taken off")
-    concurrency_limit = models.PositiveIntegerField(default=0, help_text="0 = unlimited")
-    priority_aging = models.FloatField(default=1.0, help_text="seconds of head start per priority point")
-    pending_timeout = models.PositiveIntegerField(default=0, help_text="seconds; 0 = never")
-    success_retention = models.PositiveIntegerField(default=86400, help_text="seconds before success becomes stopped")
-    purge_after_days = models.PositiveIntegerField(default=7, help_text="failed/stopped older than this are deleted")
+    retry_interval = models.FloatField(
+        default=10.0, validators=_within("RETRY_INTERVAL"), help_text="seconds: base delay"
+    )
+    max_retry_interval = models.FloatField(
+        default=3600.0, validators=_within("MAX_RETRY_INTERVAL"), help_text="seconds: cap on any delay"
+    )
+    retry_jitter = models.FloatField(
+        default=0.1, validators=_within("RETRY_JITTER"), help_text="fraction of the delay randomly taken off (0-1)"
+    )
+    concurrency_limit = models.PositiveIntegerField(
+        default=0, validators=_within("CONCURRENCY_LIMIT"), help_text="0 = unlimited"
+    )
+    priority_aging = models.FloatField(
+        default=1.0, validators=_within("PRIORITY_AGING"), help_text="seconds of head start per priority point"
+    )
+    pending_timeout = models.PositiveIntegerField(
+        default=0, validators=_within("PENDING_TIMEOUT"), help_text="seconds; 0 = never"
+    )
+    success_retention = models.PositiveIntegerField(
+        default=86400, validators=_within("SUCCESS_RETENTION"), help_text="seconds before success becomes stopped"
+    )
+    purge_after_days = models.PositiveIntegerField(
+        default=7, validators=_within("PURGE_AFTER_DAYS"), help_text="failed/stopped older than this are deleted"
+    )
     paused = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -145,6 +183,35 @@ class ScheduleCfg(models.Model):
 
     def __str__(self) -> str:
         return self.task_type
+
+    def clean_fields(self, exclude: Iterable[str] | None = None) -> None:
+        """Field validators, plus what they cannot say: floats are finite, the retry base is under its cap."""
+        # Here rather than in clean(): a form showing only some fields (the list's editable
+        # columns) excludes the others, and an error keyed to an excluded field cannot be shown.
+        skip = set(exclude or ())
+        errors: dict[str, list[ValidationError]] = {}
+        try:
+            super().clean_fields(exclude=exclude)
+        except ValidationError as exc:
+            errors = exc.error_dict
+        checked = skip | set(errors)
+        for f in self._meta.concrete_fields:
+            value = getattr(self, f.attname)
+            if isinstance(f, models.FloatField) and f.name not in checked and not math.isfinite(value):
+                errors[f.name] = [ValidationError("Enter a finite number.", code="invalid")]
+        pair = ("retry_interval", "max_retry_interval")
+        shown = [name for name in pair if name not in skip]
+        if shown and not errors.keys() & set(pair) and self.retry_interval > self.max_retry_interval:
+            errors[shown[0]] = [
+                ValidationError(
+                    "The retry interval (%(base)g s) must not exceed the max retry interval (%(cap)g s), "
+                    "the cap on every delay.",
+                    code="max_value",
+                    params={"base": self.retry_interval, "cap": self.max_retry_interval},
+                )
+            ]
+        if errors:
+            raise ValidationError(errors)
 
     @classmethod
     def from_settings(cls, task_type: str) -> ScheduleCfg:

@@ -25,6 +25,16 @@ def test_exponential_doubles_from_the_interval_up_to_the_cap() -> None:
     assert [policy.next_delay(n, const(0.5)) for n in range(1, 8)] == [10.0, 20.0, 40.0, 80.0, 100.0, 100.0, 100.0]
 
 
+@pytest.mark.parametrize("strategy", RetryStrategy.values)
+def test_any_attempt_number_a_task_allows_gets_a_capped_delay(strategy: str) -> None:
+    # A task may allow up to 2**31 - 1 retries; 2 ** 1024 used to overflow converting to a float,
+    # and the state machine raised instead of retrying.
+    policy = RetryPolicy(strategy, interval=10.0, max_interval=3600.0, jitter=0.0)
+    assert [policy.next_delay(n, const(0.5)) for n in (1025, 5000, 2**31 - 1)] == [
+        10.0 if strategy == RetryStrategy.FIXED else 3600.0
+    ] * 3
+
+
 def test_polynomial_follows_sidekiqs_formula() -> None:
     # n^4 + 15 + rand * 30 * (n + 1), with rand = 0.5.
     policy = RetryPolicy(RetryStrategy.POLYNOMIAL, interval=999.0, max_interval=10**9, jitter=0.0)

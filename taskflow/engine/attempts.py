@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from ..exceptions import LeaseLost, NextStage
 from ..models import ScheduleCfg, Status, Task
+from .validation import json_text
 
 
 @dataclass
@@ -110,7 +111,12 @@ class Report:
 
 
 def heartbeat(task: ClaimedTask, *, checkpoint: Any = ..., now: datetime | None = None) -> datetime:
-    """Extend this attempt's deadline by its timeout (optionally saving a checkpoint); raises LeaseLost."""
+    """Extend this attempt's deadline by its timeout (optionally saving a checkpoint); raises LeaseLost.
+
+    A checkpoint no database could store (see validation.json_text) raises InvalidTask, writing nothing.
+    """
+    if checkpoint is not ...:
+        json_text("checkpoint", checkpoint)
     now = now or timezone.now()
     deadline = now + timedelta(seconds=task.timeout)
     changes: dict[str, Any] = {"lease_expires_at": deadline, "heartbeat_at": now, "updated_at": now}

@@ -26,7 +26,9 @@ class RetryPolicy:
         if self.strategy == RetryStrategy.FIXED:
             return self.interval
         if self.strategy == RetryStrategy.EXPONENTIAL:
-            return self.interval * 2 ** (n - 1)
+            # Capped exponent: 2 ** 1024 no longer converts to a float, and a task may allow that many
+            # retries; any interval > 0 has long reached max_interval by then.
+            return self.interval * 2.0 ** min(n - 1, 1000)
         if self.strategy == RetryStrategy.POLYNOMIAL:
             # Sidekiq's formula: grows as n^4, with its own spread so a burst of failures fans out.
             return n**4 + 15 + rand() * 30 * (n + 1)

@@ -9,14 +9,26 @@ from typing import Any
 
 from django.utils import timezone
 
+from ..conf import MAX_INT as MAX_INT  # the largest integer column value, re-exported for validators
+from ..conf import get_settings
 from ..exceptions import InvalidTask
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # django.tasks convention: higher runs first
-TASK_TYPE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,99}$")
+# Matched whole (fullmatch): with re.match, "$" also matches before a trailing newline. The first
+# character is a letter so a type never reads as a command-line option or a reserved name ("*").
+TASK_TYPE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,99}")
+# In JSON text (ASCII-escaped, as json.dumps writes it) "\u0000" is a NUL character when the run of
+# backslashes ending in its own is odd; in an even run its backslash is the second half of a "\\".
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# A UTF-16 surrogate escape without its other half: a character no database can store as UTF-8.
+_LONE_SURROGATE_ESCAPE = re.compile(
+    r"(?<!\\)(?:\\\\)*\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f][0-9a-f]{2})"
+    r"|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}"
+)
 
 
 def validate_task_type(task_type: object) -> str:
-    if not isinstance(task_type, str) or not TASK_TYPE_RE.match(task_type):
+    if not isinstance(task_type, str) or not TASK_TYPE_RE.fullmatch(task_type):
         raise InvalidTask(
             f"task_type must be 1-100 characters of letters, digits, '_', '.', ':' or '-', "
             f"starting with a letter; got {task_type!r}"
@@ -36,23 +48,38 @@ def validate_json(name: str, value: Any) -> Any:
 
 
 def json_text(name: str, value: Any) -> str:
-    """`value` as JSON text, or InvalidTask if it is not strict JSON (no NaN, no sets, no objects)."""
+    """`value` as JSON text, or InvalidTask naming `name` if no database could store it as such.
+
+    Refused: anything but strict JSON (no NaN, no sets, no objects), text over
+    TASKFLOW["MAX_PAYLOAD_BYTES"], and characters PostgreSQL cannot store (NUL, a lone surrogate),
+    so every database refuses the same values. Used for payloads, contexts, checkpoints and results.
+    """
     try:
-        return json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidTask(f"{name} must be JSON-serialisable: {exc}") from None
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    # json.dumps escapes every non-ASCII character, so one character of the text is one byte.
+    if len(text) > limit:
+        raise InvalidTask(
+            f"{name} is {len(text):,} bytes as JSON, over the limit of {limit:,} (TASKFLOW['MAX_PAYLOAD_BYTES'])"
+        )
+    # Both searches run only when the cheap substring test finds a candidate.
+    if "u0000" in text and _NUL_ESCAPE.search(text):
+        raise InvalidTask(f"{name} contains a NUL character (\\u0000), which PostgreSQL cannot store")
+    if "\\ud" in text and _LONE_SURROGATE_ESCAPE.search(text):
+        raise InvalidTask(f"{name} contains a lone UTF-16 surrogate, which is not storable text")
+    return text
 
 
 def validate_key(key: object) -> str | None:
     if key is None or key == "":
         return None
-    if not isinstance(key, str) or len(key) > 255:
-        raise InvalidTask(f"key must be a string of at most 255 characters; got {key!r}")
-    return key
+    return validate_short_text("key", key, 255)
 
 
-# The largest values an integer and a bigint column hold on every supported database.
-MAX_INT, MAX_BIGINT = 2**31 - 1, 2**63 - 1
+# The largest value a bigint column holds on every supported database (MAX_INT: an integer column).
+MAX_BIGINT = 2**63 - 1
 
 
 def validate_non_negative_int(
@@ -67,9 +94,33 @@ def validate_non_negative_int(
 
 
 def validate_short_text(name: str, value: object, max_length: int) -> str:
+    """`value` if it is a string of at most `max_length` characters that every database can store."""
     if not isinstance(value, str) or len(value) > max_length:
         raise InvalidTask(f"{name} must be a string of at most {max_length} characters; got {value!r}")
+    if "\x00" in value:
+        raise InvalidTask(f"{name} contains a NUL character (\\x00), which PostgreSQL cannot store; got {value!r}")
+    if not value.isascii() and not _is_utf8(value):
+        raise InvalidTask(f"{name} contains a lone UTF-16 surrogate, which is not storable text; got {value!r}")
     return value
+
+
+def storable_text(text: str) -> str:
+    """`text` with what no database can store escaped (NUL as "\\x00", lone surrogates as "\\udxxx").
+
+    For text the engine writes on a task's behalf, such as an exception's message in status_msg:
+    refusing it would lose the report, so it is kept readable instead.
+    """
+    if text.isascii() and "\x00" not in text:
+        return text
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def resolve_run_after(run_after: object, now: datetime) -> datetime:

@@ -17,10 +17,14 @@ from django.db import transaction
 from .redis import get_redis, key
 
 log = logging.getLogger("taskflow.wakeup")
-CHANNEL = key("wakeup")
 MERGE_WINDOW = 0.002  # seconds
 Listener = Callable[[set[str]], None]
 _local: list[Listener] = []
+
+
+def channel() -> str:
+    """The pub/sub channel of this deployment's wake-ups (named when used: see redis.namespace)."""
+    return key("wakeup")
 
 
 def notify_on_commit(task_types: Iterable[str]) -> None:
@@ -68,7 +72,7 @@ class _Publisher:
             if not types:
                 continue
             try:
-                get_redis().publish(CHANNEL, ",".join(sorted(types)))
+                get_redis().publish(channel(), ",".join(sorted(types)))
             except Exception as exc:  # polling covers a missed wake-up
                 log.warning("wake-up publish failed: %s", exc)
             # Under a stream of enqueues, what arrives in the next moment goes out as one message;
@@ -102,7 +106,7 @@ class RedisListener(threading.Thread):
                 return
             try:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(CHANNEL)
+                pubsub.subscribe(channel())
                 # Anything published while we were (re)connecting was missed: look once.
                 self.on_wakeup(set())
                 while not self.stop.is_set():

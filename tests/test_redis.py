@@ -1,0 +1,131 @@
+"""Redis names: every key and channel carries the deployment's namespace, so deployments sharing a server stay apart."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test import override_settings
+
+from taskflow.engine import locks, wakeup
+from taskflow.engine.limiter import Limiter
+from taskflow.engine.nodes import NodeLeases
+from taskflow.engine.redis import derive_namespace, key, namespace
+from taskflow.runtime.leadership import LEADER_LOCK
+
+from .conftest import wait_until
+
+Deployment = Callable[[str], AbstractContextManager[None]]
+
+
+def test_keys_and_the_wakeup_channel_carry_the_configured_namespace() -> None:
+    with override_settings(TASKFLOW={**settings.TASKFLOW, "REDIS_NAMESPACE": "shop-prod"}):
+        assert key("lock", "taskwatch") == "taskflow:shop-prod:lock:taskwatch"
+        assert wakeup.channel() == "taskflow:shop-prod:wakeup"
+
+
+@pytest.mark.django_db
+def test_the_default_namespace_is_derived_from_the_database_when_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The test runner renamed the database after settings were loaded: the namespace follows it, so
+    # tests never share keys with a deployment on the same Redis (as a name taken at import would).
+    db = connection.settings_dict
+    assert namespace() == derive_namespace(connection.vendor, db["HOST"], db["PORT"], db["NAME"])
+    assert key("wakeup") == f"taskflow:{namespace()}:wakeup" == wakeup.channel()
+    test_namespace = namespace()
+    monkeypatch.setitem(connection.settings_dict, "NAME", f"{db['NAME']}_other")
+    assert namespace() != test_namespace
+
+
+def test_processes_that_spell_one_database_differently_share_its_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    same = derive_namespace("mysql", "DB.example.com", 3306, "shop")
+    assert derive_namespace("mysql", "db.example.com", "", "shop") == same
+    assert derive_namespace("postgresql", "db.example.com", "", "shop") != same
+    assert derive_namespace("mysql", "db.example.com", 3307, "shop") != same
+    assert derive_namespace("mysql", "db.example.com", 3306, "shop_test") != same
+    monkeypatch.chdir("/tmp")
+    relative = derive_namespace("sqlite", "", "", "var/db.sqlite3")
+    assert relative == derive_namespace("sqlite", "", "", "/tmp/var/db.sqlite3")
+
+
+# -- two deployments on one Redis --------------------------------------------------------------------
+
+
+@pytest.fixture(params=["configured", "derived"])
+def deployment(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Deployment:
+    """Act as deployment "a" or "b" on the same Redis: by REDIS_NAMESPACE, or by database name."""
+
+    @contextmanager
+    def act_as(name: str) -> Iterator[None]:
+        if request.param == "configured":
+            with override_settings(TASKFLOW={**settings.TASKFLOW, "REDIS_NAMESPACE": f"deployment-{name}"}):
+                yield
+        else:
+            # The connection of this test stays open, so only the name changes (nothing reconnects).
+            with monkeypatch.context() as patch:
+                patch.setitem(connection.settings_dict, "NAME", f"{connection.settings_dict['NAME']}-{name}")
+                yield
+
+    return act_as
+
+
+@pytest.mark.django_db
+def test_two_deployments_share_no_leader_lease_or_id_node(redis_client, deployment: Deployment) -> None:  # noqa: ANN001
+    with deployment("a"):
+        assert locks.acquire(LEADER_LOCK, "watcher-a", 30)
+        assert locks.acquire("id-node:7", "process-a", 30)
+    with deployment("b"):
+        assert locks.holder(LEADER_LOCK) is None
+        assert locks.acquire(LEADER_LOCK, "watcher-b", 30)
+        assert locks.acquire("id-node:7", "process-b", 30)
+    with deployment("a"):
+        assert locks.holder(LEADER_LOCK) == "watcher-a"
+        assert locks.holder("id-node:7") == "process-a"
+    # And the id generator's own leases, on every node it tries.
+    with deployment("a"):
+        node_a, _ = NodeLeases()()
+    with deployment("b"):
+        assert locks.holder(f"id-node:{node_a}") is None
+
+
+@pytest.mark.django_db
+def test_two_deployments_share_no_concurrency_counters(redis_client, deployment: Deployment) -> None:  # noqa: ANN001
+    limiter = Limiter(redis_client)
+    with deployment("a"):
+        assert limiter.take("t.limited", 5, 3) == 3
+        assert limiter.take("t.limited", 5, 3) == 0  # a's limit is used up...
+    with deployment("b"):
+        assert limiter.take("t.limited", 5, 3) == 3  # ...and b's is its own
+
+
+@pytest.mark.django_db
+def test_two_deployments_share_no_wakeups(redis_client, deployment: Deployment) -> None:  # noqa: ANN001
+    heard: list[set[str]] = []
+    subscribed = threading.Event()
+
+    def on_wakeup(types: set[str]) -> None:
+        if types:
+            heard.append(types)
+        else:  # the listener looks once right after subscribing
+            subscribed.set()
+
+    stop = threading.Event()
+    with deployment("a"):
+        listener = wakeup.RedisListener(on_wakeup, stop)
+        listener.start()
+        assert subscribed.wait(10)
+    try:
+        with deployment("b"):
+            # Published synchronously here (the publisher thread would name its channel later).
+            receivers = redis_client.publish(wakeup.channel(), "t.from-b")
+        assert receivers == 0
+        with deployment("a"):
+            assert redis_client.publish(wakeup.channel(), "t.from-a") == 1
+        wait_until(lambda: heard, timeout=10)
+        assert heard == [{"t.from-a"}]
+    finally:
+        stop.set()
+        listener.join(timeout=10)
