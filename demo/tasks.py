@@ -5,6 +5,8 @@ import time
 
 import taskflow
 
+from .models import Document
+
 
 @taskflow.handler("demo.noop")
 def noop(ctx):
@@ -40,3 +42,17 @@ def notify(ctx):
         ctx.save_checkpoint("waited")
         ctx.snooze(2, "recipient's quiet hours")
     return {"sent_to": ctx.payload["to"]}
+
+
+@taskflow.handler("demo.index_document")
+def index_document(ctx):
+    """The example form's task (demo/views.py): index an uploaded document page by page."""
+    # The row exists: the view committed it in the same transaction as this task.
+    document = Document.objects.get(pk=ctx.payload["document"])
+    for page in range(ctx.checkpoint or 0, document.pages):
+        time.sleep(0.3)  # stands in for the real work on one page
+        ctx.save_checkpoint(page + 1)  # the progress the status page shows; a retry resumes here
+    words = document.pages * 250
+    # Delivery is at-least-once, so the write is one that does no harm when repeated.
+    Document.objects.filter(pk=document.pk).update(words=words)
+    return {"pages": document.pages, "words": words}

@@ -1,10 +1,9 @@
-"""URLs of the example project: the admin console, with the site root sending visitors to it."""
+"""URLs of the example project: its pages at the site root (demo/urls.py), the admin console at /admin/."""
 
 from django.contrib import admin
-from django.urls import path
-from django.views.generic import RedirectView
+from django.urls import include, path
 
 urlpatterns = [
-    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path("", include("demo.urls")),
     path("admin/", admin.site.urls),
 ]
