@@ -22,11 +22,10 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Count
-from redis.exceptions import RedisError
 
 from ..conf import get_settings
 from ..models import Lock, ScheduleCfg, Status, Task
-from .redis import get_redis, key
+from .redis import RedisError, get_redis, key
 
 log = logging.getLogger("taskflow.limiter")
 

@@ -10,6 +10,13 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from ..conf import get_settings
 
+try:
+    from redis.exceptions import RedisError
+except ImportError:  # installed without the `redis` extra: no client exists that could raise it
+
+    class RedisError(Exception):  # type: ignore[no-redef]
+        """Stands in for redis-py's error when the package is not installed."""
+
 
 def get_redis() -> Any | None:
     """Return a raw redis-py client for the configured alias, or None when taskflow runs without Redis."""
