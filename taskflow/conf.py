@@ -15,8 +15,6 @@ from django.core.signals import setting_changed
 class TaskflowSettings:
     # django-redis cache alias; None runs everything on the database alone.
     REDIS_ALIAS: str | None = None
-    # Fixed id-generator node (0..1023); None leases one automatically.
-    NODE_ID: int | None = None
 
     # Defaults for a task type's ScheduleCfg row when it is first created.
     SCHEDULE_LIMIT: int = 100
@@ -46,10 +44,22 @@ class TaskflowSettings:
     PURGE_BATCH: int = 1000
 
 
+# Settings that were removed because they were unsafe, with what to do instead.
+REMOVED = {
+    "NODE_ID": (
+        "one node number in the project settings is shared by every process that reads them, so they "
+        "mint the same ids. Each process now leases a node of its own; delete the setting."
+    ),
+}
+
+
 @cache
 def get_settings() -> TaskflowSettings:
     """Return the TASKFLOW setting merged over the defaults, rejecting unknown keys."""
     given = getattr(settings, "TASKFLOW", {}) or {}
+    for name, why in REMOVED.items():
+        if name in given:
+            raise ImproperlyConfigured(f"TASKFLOW[{name!r}] is no longer supported: {why}")
     known = {f.name for f in dataclasses.fields(TaskflowSettings)}
     unknown = sorted(set(given) - known)
     if unknown:
