@@ -60,8 +60,8 @@ def fork_children(children: int, per_child: int, out: str) -> None:
     emit(parent=parent, codes=codes)
 
 
-def sequential_children(count: int) -> None:
-    """Fork `count` children one after another; each enqueues one task and exits the normal way."""
+def prepare_to_fork() -> None:
+    """Load what a server loads before forking (minting nothing), then drop the database connection."""
     import gc
 
     from django.db import connections
@@ -69,9 +69,14 @@ def sequential_children(count: int) -> None:
     from taskflow.engine.configs import configs
     from taskflow.engine.redis import get_redis
 
-    get_redis(), configs.get_many(["test.noop"])  # what a server loads before forking; mints nothing
+    get_redis(), configs.get_many(["test.noop"])
     connections.close_all()
     gc.freeze()  # as pre-fork servers do: the children's exits then skip collecting the parent's objects
+
+
+def sequential_children(count: int) -> None:
+    """Fork `count` children one after another; each enqueues one task and exits the normal way."""
+    prepare_to_fork()
     for _ in range(count):
         pid = os.fork()
         if pid == 0:
@@ -82,14 +87,16 @@ def sequential_children(count: int) -> None:
             emit(error=f"child exited {code}")
 
 
-def crash_then_reuse(ttl: float, ahead: float) -> None:
-    """A child whose clock runs `ahead` s fast mints and dies without exit hooks; later ones take over."""
-    from django.db import connections
+def crash_then_reuse(node: int, ttl: float, ahead: float) -> None:
+    """A child whose clock runs `ahead` s fast mints under `node` and dies without exit hooks; then
+    one child right away, and one once the dead child's lease has run out."""
+    from django.db import connection, connections
 
     from taskflow.engine import nodes
+    from taskflow.models import IdNode
 
     nodes.NODE_LEASE_TTL = ttl
-    connections.close_all()
+    prepare_to_fork()
 
     def child(name: str, clean_exit: bool, skew: float = 0.0) -> None:
         pid = os.fork()
@@ -105,7 +112,11 @@ def crash_then_reuse(ttl: float, ahead: float) -> None:
 
     child("crashed", clean_exit=False, skew=ahead)
     child("at-once", clean_exit=True)
-    time.sleep(ttl + 0.5)
+    if connection.vendor != "sqlite":
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and IdNode.objects.filter(node=node, expires_at__gt=nodes.DatabaseNow()):
+            time.sleep(0.1)
+        connections.close_all()
     child("after-ttl", clean_exit=True)
 
 
@@ -148,7 +159,7 @@ def main() -> None:
     scenarios = {
         "fork": lambda children, per_child, out: fork_children(int(children), int(per_child), out),
         "sequential": lambda count: sequential_children(int(count)),
-        "crash": lambda ttl, ahead: crash_then_reuse(float(ttl), float(ahead)),
+        "crash": lambda ttl, ahead: crash_then_reuse(options.node, float(ttl), float(ahead)),
         "pool": lambda workers, jobs: pool(int(workers), int(jobs)),
         "hold": lambda count: hold(int(count)),
         "mint": lambda count: emit(pid=os.getpid(), ids=enqueue_some(int(count))),

@@ -197,7 +197,8 @@ class IdGenerator:
 
 _generator = IdGenerator()
 next_ids = _generator.next_ids
-os.register_at_fork(after_in_child=lambda: _generator._after_fork_in_child())
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=lambda: _generator._after_fork_in_child())
 
 
 def use_node_source(source: NodeSource) -> None:
