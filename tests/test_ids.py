@@ -80,18 +80,22 @@ def test_a_lease_that_may_have_lapsed_is_not_minted_under(monkeypatch: pytest.Mo
     store = OneNodeAtATime(valid_for=60)
     gen = IdGenerator(store)
     assert node_of(gen.next_id()) == 1
-    later = [ids.time.monotonic() + 61]
-    monkeypatch.setattr(ids.time, "monotonic", lambda: later[0])
+    clock = [ids.time.monotonic()]
+    monkeypatch.setattr(ids.time, "monotonic", lambda: clock[0])
 
     def unreachable(lease: NodeLease, up_to: int) -> NodeLease | None:
         raise ConnectionError("database down")
 
     store.renewal = unreachable
+    clock[0] += 31  # time to renew, and the renewal fails: the lease is still good for a while
+    assert {node_of(i) for i in gen.next_ids(100) + [gen.next_id() for _ in range(100)]} == {1}
+    assert store.calls == ["acquire", "renew"]  # one failing round trip, not one per id
+    clock[0] += 30  # now it may have lapsed
     with pytest.raises(ConnectionError):
         gen.next_id()  # the node may be someone else's by now: no id rather than a duplicate
     store.renewal = lambda lease, up_to: None  # the store says: lost
     assert node_of(gen.next_id()) == 2
-    assert store.calls == ["acquire", "renew", "renew", "acquire"]
+    assert store.calls == ["acquire", "renew", "renew", "renew", "acquire"]
 
 
 def test_a_new_lease_starts_above_the_previous_holders_limit(monkeypatch: pytest.MonkeyPatch) -> None:

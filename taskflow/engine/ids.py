@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 EPOCH_MS = 1_735_689_600_000  # 2025-01-01T00:00:00Z
@@ -28,6 +28,7 @@ NODE_BITS = 10
 SEQUENCE_BITS = 12
 MAX_NODE = (1 << NODE_BITS) - 1
 MAX_SEQUENCE = (1 << SEQUENCE_BITS) - 1
+RENEW_RETRY = 5.0  # seconds between attempts to renew a lease that is still valid
 
 logger = logging.getLogger(__name__)
 
@@ -158,8 +159,10 @@ class IdGenerator:
         except Exception:
             if now >= lease.valid_until:
                 raise  # the store may have handed the node to someone else: mint nothing under it
-            logger.warning("could not renew id node %s; retrying at the next mint", lease.node, exc_info=True)
-            return lease
+            logger.warning("could not renew id node %s; retrying shortly", lease.node, exc_info=True)
+            # Still ours for a while: keep minting, and do not pay a failing round trip per id.
+            self._lease = replace(lease, renew_after=min(now + RENEW_RETRY, lease.valid_until))
+            return self._lease
         return self._adopt(lease, renewed)
 
     def _extend(self, lease: NodeLease, up_to_ms: int) -> NodeLease:
