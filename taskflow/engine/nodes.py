@@ -23,6 +23,7 @@ from tempfile import gettempdir
 from django.db import IntegrityError, connection, transaction
 from django.db.models.functions import Now
 
+from ..models import IdNode
 from .ids import MAX_NODE, NodeLease, NodeSource
 from .locks import _outside_caller_transaction
 
@@ -64,8 +65,6 @@ class DatabaseNodes:
         return _outside_caller_transaction(self._renew, lease, up_to_ms)
 
     def release(self, lease: NodeLease, last_ms: int) -> None:
-        from ..models import IdNode
-
         # The limit comes down to what was really minted, so the next holder's ids start now,
         # not a lease length in the future.
         _outside_caller_transaction(
@@ -78,8 +77,6 @@ class DatabaseNodes:
         pass  # the row stays the parent's; the child's next id leases another with an owner of its own
 
     def _acquire(self, from_ms: int) -> NodeLease:
-        from ..models import IdNode
-
         owner = f"{socket.gethostname()[:100]}:{os.getpid()}:{random.getrandbits(32):08x}"
         held = set(IdNode.objects.filter(expires_at__gt=DatabaseNow()).values_list("node", flat=True))
         start = random.randint(0, MAX_NODE)
@@ -95,8 +92,6 @@ class DatabaseNodes:
         raise _no_free_node()
 
     def _renew(self, lease: NodeLease, up_to_ms: int) -> NodeLease | None:
-        from ..models import IdNode
-
         limit = max(lease.limit_ms, up_to_ms + int(NODE_LEASE_TTL * 1000))
         started = time.monotonic()
         # Only the owner can extend its lease: once another process took the node, this matches nothing.
@@ -108,8 +103,6 @@ class DatabaseNodes:
 
 def _take_row(node: int, owner: str, from_ms: int) -> tuple[int, int] | None:
     """Lease one node if it is free by the database's clock: (floor, limit), or None when it is not."""
-    from ..models import IdNode
-
     ahead = int(NODE_LEASE_TTL * 1000)
     expires_at = DatabaseNow() + timedelta(seconds=NODE_LEASE_TTL)
     with transaction.atomic():
