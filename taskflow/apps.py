@@ -15,6 +15,6 @@ class TaskflowConfig(AppConfig):
 
         checks.register(check_settings, "taskflow")
         # The id generator knows nothing of the database; its node numbers are leased here.
-        ids.use_node_source(nodes.NodeLeases())
+        ids.use_node_source(nodes.node_source())
         # Handlers live in each installed app's tasks.py, as with Django's own task modules.
         autodiscover_modules("tasks")

@@ -40,8 +40,6 @@ class TaskflowSettings:
     # Prefix of every Redis key and channel (after "taskflow:"); None derives one from the database,
     # so two deployments sharing a Redis server never share leases, counters or wake-ups.
     REDIS_NAMESPACE: str | None = _setting(None, pattern=REDIS_NAMESPACE_RE)
-    # Fixed id-generator node (0..1023); None leases one automatically.
-    NODE_ID: int | None = _setting(None, 0, 1023)
     # The largest payload, context, checkpoint or result, as JSON text.
     MAX_PAYLOAD_BYTES: int = _setting(1024 * 1024, 1024, 256 * 1024 * 1024)
 
@@ -86,6 +84,15 @@ class SettingProblem:
 KINDS = ("not-a-dict", "unknown", "type", "range", "conflict")
 
 
+# Settings that were removed because they were unsafe, with what to do instead.
+REMOVED = {
+    "NODE_ID": (
+        "one node number in the project settings is shared by every process that reads them, so they "
+        "mint the same ids. Each process now leases a node of its own; delete the setting."
+    ),
+}
+
+
 def setting_problems(given: object) -> list[SettingProblem]:
     """Everything wrong with a TASKFLOW value on its own (not what it refers to, such as cache aliases)."""
     if given is None:
@@ -95,7 +102,13 @@ def setting_problems(given: object) -> list[SettingProblem]:
     fields = {f.name: f for f in dataclasses.fields(TaskflowSettings)}
     hints = _type_hints()
     problems = [
-        SettingProblem("unknown", str(name), f"TASKFLOW[{name!r}] is not a taskflow setting")
+        SettingProblem(
+            "unknown",
+            str(name),
+            f"TASKFLOW[{name!r}] is no longer supported: {REMOVED[name]}"
+            if name in REMOVED
+            else f"TASKFLOW[{name!r}] is not a taskflow setting",
+        )
         for name in sorted(set(given) - set(fields), key=str)
     ]
     for name in fields.keys() & set(given):

@@ -260,6 +260,23 @@ class Lock(models.Model):
         return f"{self.name} -> {self.owner}"
 
 
+class IdNode(models.Model):
+    """One of the id generator's 1,024 node numbers, leased by one process at a time (engine/nodes.py).
+
+    Rows are never deleted: `mint_limit` must outlive its holder, so the next one starts above it.
+    """
+
+    node = models.PositiveSmallIntegerField(primary_key=True)
+    owner = models.CharField(max_length=200, blank=True, default="")
+    expires_at = models.DateTimeField()
+    # Ids under this node have timestamps up to here (Unix ms); the holder records a new limit
+    # before passing it, and the next holder mints only above it, whatever its clock says.
+    mint_limit = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"id node {self.node} -> {self.owner or '(free)'}"
+
+
 class WorkerProcess(models.Model):
     """A live worker process, heartbeating on its own so a dead one is noticed quickly."""
 

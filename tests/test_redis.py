@@ -13,7 +13,6 @@ from django.test import override_settings
 
 from taskflow.engine import locks, wakeup
 from taskflow.engine.limiter import Limiter
-from taskflow.engine.nodes import NodeLeases
 from taskflow.engine.redis import derive_namespace, key, namespace
 from taskflow.runtime.leadership import LEADER_LOCK
 
@@ -73,22 +72,18 @@ def deployment(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.django_db
-def test_two_deployments_share_no_leader_lease_or_id_node(redis_client, deployment: Deployment) -> None:  # noqa: ANN001
+def test_two_deployments_share_no_leases(redis_client, deployment: Deployment) -> None:  # noqa: ANN001
+    # (Id nodes are leased in the database, not in Redis: see tests/test_ids.py.)
     with deployment("a"):
         assert locks.acquire(LEADER_LOCK, "watcher-a", 30)
-        assert locks.acquire("id-node:7", "process-a", 30)
+        assert locks.acquire("some-lease", "process-a", 30)
     with deployment("b"):
         assert locks.holder(LEADER_LOCK) is None
         assert locks.acquire(LEADER_LOCK, "watcher-b", 30)
-        assert locks.acquire("id-node:7", "process-b", 30)
+        assert locks.acquire("some-lease", "process-b", 30)
     with deployment("a"):
         assert locks.holder(LEADER_LOCK) == "watcher-a"
-        assert locks.holder("id-node:7") == "process-a"
-    # And the id generator's own leases, on every node it tries.
-    with deployment("a"):
-        node_a, _ = NodeLeases()()
-    with deployment("b"):
-        assert locks.holder(f"id-node:{node_a}") is None
+        assert locks.holder("some-lease") == "process-a"
 
 
 @pytest.mark.django_db

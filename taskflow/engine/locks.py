@@ -1,8 +1,8 @@
 """Named leases with an owner token and a TTL: in Redis when configured, else in the database.
 
 A lease is held until it expires unless its owner renews it; only the owner can renew or release it,
-so a process that stalls past its TTL cannot clobber the next holder. Used for leader election and
-for the id generator's node numbers.
+so a process that stalls past its TTL cannot clobber the next holder. Used for leader election (the
+id generator's node leases must survive a Redis flush, so they live in their own table: nodes.py).
 """
 
 from __future__ import annotations
