@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -125,6 +126,28 @@ def test_a_valid_request_is_stored_as_given() -> None:
     assert (row.max_retries, row.timeout, row.status, row.attempts) == (4, 60, Status.PENDING, 0)
     assert row.run_after == run_after
     assert TaskKey.objects.get(task_type=T, key="k1").version == 3
+
+
+# Values Python calls equal but JSON and the database do not: each must come back as it went in.
+EQUAL_BUT_DIFFERENT = [[True, 1, 1.0], [False, 0, 0.0]]
+
+
+def as_stored(value: Any) -> str:
+    """The JSON text of a value: tells True, 1 and 1.0 apart, unlike ==."""
+    return json.dumps(value)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("values", EQUAL_BUT_DIFFERENT)
+def test_bulk_enqueue_stores_equal_but_differently_typed_values_exactly(values: list[Any]) -> None:
+    shapes = [lambda v: {"flag": v}, lambda v: {"deep": [{"x": v}, v]}, lambda v: [v]]
+    for shape in shapes:
+        payloads = [shape(v) for v in values]
+        tasks = taskflow.enqueue_many([{"task_type": T, "payload": p, "context": {"c": p}} for p in payloads])
+        stored = {t.pk: (t.payload, t.context) for t in Task.objects.filter(pk__in=[t.pk for t in tasks])}
+        for task, payload in zip(tasks, payloads, strict=True):
+            assert as_stored(stored[task.pk]) == as_stored((payload, {"c": payload}))
+            assert as_stored(task.payload) == as_stored(payload)
 
 
 # -- identity and versions -------------------------------------------------------------------------

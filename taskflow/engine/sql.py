@@ -79,6 +79,28 @@ def _as_is(value: Any) -> Any:
     return value
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two values are stored identically, so one literal may stand for both.
+
+    Python's == is too loose: True == 1 == 1.0 and 0.0 == -0.0, which JSON and the database tell
+    apart; so types must match all the way down (and dict keys in order, as the JSON text keeps it).
+    """
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is dict:
+        return len(a) == len(b) and all(
+            same_value(ka, kb) and same_value(va, vb) for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=True)
+        )
+    if kind is list or kind is tuple:
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if kind is float:
+        return repr(a) == repr(b)  # 0.0 and -0.0 are equal but written differently
+    return a == b
+
+
 def json_from_db(value: Any) -> Any:
     # Every backend hands JSON back as text here (Django tells psycopg not to decode jsonb).
     return json.loads(value) if isinstance(value, (str, bytes)) else value
@@ -113,7 +135,7 @@ def insert_tasks(table: str, tasks: list[Task]) -> None:
         varying: list[int] = []
         for i, name in enumerate(attnames):
             first = getattr(chunk[0], name)
-            if literal is not None and all(getattr(t, name) == first for t in chunk):
+            if literal is not None and all(same_value(getattr(t, name), first) for t in chunk):
                 rendered = literal(adapters[i](first))
                 marks.append((rendered.decode() if isinstance(rendered, bytes) else rendered).replace("%", "%%"))
             else:
@@ -258,7 +280,7 @@ def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, gua
         convert, mark = to_db(name), placeholder(name)
         values = [rows[i][name] for i in ids]
         first = values[0]
-        if all(v == first and type(v) is type(first) for v in values):
+        if all(same_value(v, first) for v in values):
             assignments.append(f"{column(name)} = {mark}")
             params.append(convert(first))
         else:
