@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 import taskflow
-from taskflow.engine import wakeup
+from taskflow.engine import ids, sql, wakeup
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task, TaskKey
@@ -268,6 +268,26 @@ def test_enqueue_many_is_all_or_nothing_when_one_item_is_stale() -> None:
         )
 
     assert snapshot() == before
+
+
+@pytest.mark.django_db
+def test_enqueue_many_splits_a_call_too_big_for_one_statement() -> None:
+    # 20 MB in one call: more than a stock MariaDB takes in one statement (max_allowed_packet 16 MiB).
+    big = "x" * 20_000
+    tasks = taskflow.enqueue_many([{"task_type": T, "payload": {"i": i, "blob": big}} for i in range(1000)])
+    assert len({t.pk for t in tasks}) == 1000
+    assert Task.objects.filter(task_type=T).count() == 1000
+    assert Task.objects.get(pk=tasks[999].pk).payload == {"i": 999, "blob": big}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_call_split_into_several_statements_is_still_all_or_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql, "INSERT_BYTES", 3 * sql.ROW_BYTES)  # two rows per statement
+    minted = iter([101, 102, 103, 101])  # the last statement collides with the first one's row
+    monkeypatch.setattr(ids, "next_ids", lambda count: [next(minted) for _ in range(count)])
+    with pytest.raises(IntegrityError):
+        taskflow.enqueue_many([{"task_type": T, "payload": {"i": i}} for i in range(4)])
+    assert not Task.objects.exists()
 
 
 @pytest.mark.django_db

@@ -129,13 +129,14 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     # Unkeyed tasks cannot be refused, so they join the caller's transaction without the cost of
     # a savepoint; a call with keys gets one, so a StaleVersion undoes the whole call and nothing else.
     # A lone INSERT is atomic by itself: no transaction needed (one round trip, not four).
-    single_statement = not keyed and len(fresh) <= sql.INSERT_BATCH
+    unkeyed = [t for _, t in fresh]
+    single_statement = not keyed and len(sql.insert_batches(unkeyed)) <= 1
     with transaction.atomic(savepoint=bool(keyed)) if not single_statement else nullcontext():
         for (i, task), task_id in zip(fresh, ids.next_ids(len(fresh)), strict=True):
             task.id = task_id
             results[i] = task
-        if fresh:
-            sql.insert_tasks(sql.task_table(), [t for _, t in fresh])
+        if unkeyed:
+            sql.insert_tasks(sql.task_table(), unkeyed)
         # Identity locks are taken in one global order so two bulk calls cannot deadlock.
         for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
             results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now)

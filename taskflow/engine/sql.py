@@ -23,6 +23,10 @@ from ..models import Status, Task
 
 Adapter = Callable[[Any], Any]
 INSERT_BATCH = 1000  # rows per multi-row INSERT
+# Bytes of row data per multi-row INSERT. A statement must fit the server's packet limit (16 MiB
+# on a stock MariaDB); JSON text is ASCII, and quoting at most doubles it.
+INSERT_BYTES = 4_000_000
+ROW_BYTES = 1_000  # a row's columns besides payload and context, generously
 
 
 def task_table() -> str:
@@ -118,7 +122,7 @@ def datetime_from_db() -> Adapter:
 
 
 def insert_tasks(table: str, tasks: list[Task]) -> None:
-    """INSERT new task rows with multi-row statements of up to INSERT_BATCH rows.
+    """INSERT new task rows with multi-row statements (see `insert_batches`).
 
     Hand-built because the ORM's bulk_create prepares every field of every row one call at a time,
     which costs several times more than the database's own work for a table this wide. Columns
@@ -129,8 +133,7 @@ def insert_tasks(table: str, tasks: list[Task]) -> None:
     # once saves most of that. Other drivers bind parameters natively and gain nothing.
     connection.ensure_connection()  # the driver's own literal() is needed before any query ran
     literal = connection.connection.literal if connection.vendor == "mysql" else None
-    for start in range(0, len(tasks), INSERT_BATCH):
-        chunk = tasks[start : start + INSERT_BATCH]
+    for chunk in insert_batches(tasks):
         marks: list[str] = []
         varying: list[int] = []
         for i, name in enumerate(attnames):
@@ -151,6 +154,22 @@ def insert_tasks(table: str, tasks: list[Task]) -> None:
     for task in tasks:
         task._state.adding = False
         task._state.db = connection.alias
+
+
+def insert_batches(tasks: list[Task]) -> list[list[Task]]:
+    """`tasks` split into the multi-row INSERTs that `insert_tasks` sends: INSERT_BATCH rows or INSERT_BYTES each."""
+    if len(tasks) <= 1:
+        return [tasks] if tasks else []
+    batches: list[list[Task]] = [[]]
+    size = 0
+    for task in tasks:
+        row_size = ROW_BYTES + len(_payload_getter(task) or "") + (len(json_to_db(task.context)) if task.context else 2)
+        if batches[-1] and (len(batches[-1]) >= INSERT_BATCH or size + row_size > INSERT_BYTES):
+            batches.append([])
+            size = 0
+        batches[-1].append(task)
+        size += row_size
+    return batches
 
 
 def _getter(attname: str, adapt: Adapter) -> Any:
