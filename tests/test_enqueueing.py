@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import taskflow
@@ -210,8 +211,8 @@ def test_a_newer_version_supersedes_only_older_pending_versions() -> None:
     v5 = taskflow.enqueue(T, {"v": 5}, key="k", version=5)
 
     rows = {t.version: t for t in Task.objects.filter(key="k")}
-    # A running attempt is not interrupted; waiting ones are stopped and say why.
-    assert rows[1].status == Status.PROCESSING
+    # A running attempt is not interrupted (it is marked, see test_versions); waiting ones are stopped and say why.
+    assert rows[1].status == Status.PROCESSING and rows[1].superseded_by == 5
     for version in (2, 3):
         assert rows[version].status == Status.STOPPED
         assert "superseded" in rows[version].status_msg
@@ -223,6 +224,31 @@ def test_a_newer_version_supersedes_only_older_pending_versions() -> None:
     # A superseded version cannot come back, even though it is stopped.
     with pytest.raises(taskflow.StaleVersion):
         taskflow.enqueue(T, {"v": 3}, key="k", version=3)
+
+
+@pytest.mark.django_db
+def test_a_repeat_in_the_same_microsecond_is_still_the_existing_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The identity's head row then gets the same timestamp twice: MySQL must still see an existing row.
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+    first = taskflow.enqueue(T, {"n": 1}, key="k", version=1)
+    again = taskflow.enqueue(T, {"n": 2}, key="k", version=1)
+    assert (again.enqueue_outcome, again.pk, again.payload) == ("existing", first.pk, {"n": 1})
+    with pytest.raises(taskflow.StaleVersion):
+        taskflow.enqueue(T, key="k", version=0)
+
+
+@pytest.mark.django_db
+def test_a_new_key_takes_two_statements_and_a_repeat_a_few() -> None:
+    def statements(**options: Any) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            taskflow.enqueue(T, **options)
+        return [q["sql"] for q in queries if "SAVEPOINT" not in q["sql"]]
+
+    taskflow.enqueue(T, key="warm")  # the type's config row, cached from here on
+    assert len(statements(key="new", version=1)) == 2  # the identity's head row, the task
+    assert len(statements(key="new", version=1)) <= 4  # head, its version, the existing task
+    assert len(statements(key="new", version=2)) <= 5  # ..., the new task, older versions superseded
 
 
 @pytest.mark.django_db

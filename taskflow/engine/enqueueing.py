@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from ..exceptions import InvalidTask, StaleVersion
-from ..models import Status, Task, TaskKey
+from ..models import Status, Task
 from . import ids, sql, wakeup
 from .configs import configs
 from .transitions import order_time
@@ -203,41 +203,32 @@ def _template_row() -> list[Any]:
 
 def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime) -> Task:
     """Apply the identity rules to one keyed request, holding its TaskKey row lock."""
-    # An upsert takes the row's exclusive lock at once (insert-if-missing then SELECT FOR UPDATE
-    # would let two first-time requests both insert).
-    target = ["task_type", "key"] if connection.features.supports_update_conflicts_with_target else None
-    TaskKey.objects.bulk_create(
-        [TaskKey(task_type=spec.task_type, key=spec.key, version=spec.version)],
-        update_conflicts=True,
-        unique_fields=target,
-        update_fields=["updated_at"],
-    )
-    head = TaskKey.objects.select_for_update().get(task_type=spec.task_type, key=spec.key)
-    if spec.version < head.version:
-        raise StaleVersion(spec.task_type, spec.key or "", spec.version, head.version)
+    assert spec.key is not None
+    table = sql.task_table()
+    newest = sql.lock_task_key(spec.task_type, spec.key, spec.version, now)
+    if newest is None:
+        # A brand-new key: no task of it exists, so there is nothing to find or supersede.
+        return _insert_new(table, spec, aging, now)
+    if spec.version < newest:
+        raise StaleVersion(spec.task_type, spec.key, spec.version, newest)
 
-    existing = Task.objects.filter(task_type=spec.task_type, key=spec.key, version=spec.version).first()
-    if existing is not None and existing.status in (Status.FAILED, Status.STOPPED):
+    existing = sql.find_task(table, spec.task_type, spec.key, spec.version)
+    if existing is None:
+        task = _insert_new(table, spec, aging, now)
+    elif existing.status in (Status.FAILED, Status.STOPPED):
         task = _replace(existing, spec, aging, now)
-    elif existing is not None:
-        existing.enqueue_outcome = EXISTING  # type: ignore[attr-defined]
-        task = existing
     else:
-        task = _new_task(spec, aging, now)
-        task.id = ids.next_id()
-        sql.insert_tasks(sql.task_table(), [task])
+        existing.enqueue_outcome = EXISTING  # type: ignore[attr-defined]
+        return existing
+    # Waiting older versions stop; running ones finish their attempt and then stop.
+    sql.supersede_older_versions(table, spec.task_type, spec.key, spec.version, now)
+    return task
 
-    if spec.version > head.version:
-        TaskKey.objects.filter(pk=head.pk).update(version=spec.version)
-    if task.enqueue_outcome != EXISTING:  # type: ignore[attr-defined]
-        Task.objects.filter(
-            task_type=spec.task_type, key=spec.key, version__lt=spec.version, status=Status.PENDING
-        ).update(
-            status=Status.STOPPED,
-            status_msg=f"superseded by version {spec.version}",
-            finished_at=now,
-            updated_at=now,
-        )
+
+def _insert_new(table: str, spec: TaskSpec, aging: float, now: datetime) -> Task:
+    task = _new_task(spec, aging, now)
+    task.id = ids.next_id()
+    sql.insert_tasks(table, [task])
     return task
 
 
