@@ -377,9 +377,12 @@ def test_a_refused_call_inside_a_transaction_keeps_the_callers_other_work(wakeup
         mine = taskflow.enqueue(T, {"mine": True})
         with pytest.raises(taskflow.StaleVersion):
             taskflow.enqueue_many([{"task_type": T, "payload": {"lost": True}}, {"task_type": T, "key": "k"}])
+        with pytest.raises(taskflow.StaleVersion):
+            taskflow.enqueue(T, {"lost": True}, key="k", version=1)  # a lone request: no savepoint needed
+        also_mine = taskflow.enqueue(T, {"also mine": True}, key="other")
     payloads = list(Task.objects.values_list("payload", flat=True))
-    assert len(payloads) == 2 and {"mine": True} in payloads and {"lost": True} not in payloads
-    assert Task.objects.filter(pk=mine.pk).exists()
+    assert len(payloads) == 3 and {"lost": True} not in payloads
+    assert Task.objects.filter(pk__in=[mine.pk, also_mine.pk]).count() == 2
 
 
 @pytest.mark.django_db

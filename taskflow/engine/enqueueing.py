@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ..exceptions import InvalidTask, StaleVersion
@@ -126,12 +126,19 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
         if spec.key is None
     ]
 
-    # Unkeyed tasks cannot be refused, so they join the caller's transaction without the cost of
-    # a savepoint; a call with keys gets one, so a StaleVersion undoes the whole call and nothing else.
-    # A lone INSERT is atomic by itself: no transaction needed (one round trip, not four).
+    # A StaleVersion undoes the whole call and nothing else: a call with keys gets a savepoint for
+    # that inside the caller's transaction, except a lone keyed request, which is refused before it
+    # writes anything (its identity's lock aside) and so simply joins the caller's transaction.
+    # Unkeyed tasks cannot be refused: no savepoint; a lone INSERT is atomic by itself, so it needs
+    # no transaction at all (one round trip, not four).
     unkeyed = [t for _, t in fresh]
-    single_statement = not keyed and len(sql.insert_batches(unkeyed)) <= 1
-    with transaction.atomic(savepoint=bool(keyed)) if not single_statement else nullcontext():
+    if not keyed and len(sql.insert_batches(unkeyed)) <= 1:
+        block: Any = nullcontext()
+    elif len(specs) == 1 and connection.in_atomic_block:
+        block = nullcontext()
+    else:
+        block = transaction.atomic(savepoint=bool(keyed))
+    with block:
         for (i, task), task_id in zip(fresh, ids.next_ids(len(fresh)), strict=True):
             task.id = task_id
             results[i] = task
