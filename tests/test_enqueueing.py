@@ -385,6 +385,18 @@ def test_a_refused_call_inside_a_transaction_keeps_the_callers_other_work(wakeup
     assert Task.objects.filter(pk__in=[mine.pk, also_mine.pk]).count() == 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_call_outside_a_transaction_writes_nothing_and_leaves_autocommit_on() -> None:
+    taskflow.enqueue(T, key="k", version=3)
+    before = snapshot()
+    with pytest.raises(taskflow.StaleVersion):
+        taskflow.enqueue_many([{"task_type": T, "payload": {"lost": True}}, {"task_type": T, "key": "k", "version": 2}])
+    assert snapshot() == before
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    assert taskflow.enqueue(T, key="k", version=4).enqueue_outcome == "created"  # and it commits:
+    assert Task.objects.filter(key="k", version=4).exists()
+
+
 @pytest.mark.django_db
 def test_tasks_due_later_or_already_there_wake_nobody(wakeups: list) -> None:
     taskflow.enqueue(T, run_after=timedelta(hours=1))

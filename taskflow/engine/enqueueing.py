@@ -134,19 +134,23 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     unkeyed = [t for _, t in fresh]
     if not keyed and len(sql.insert_batches(unkeyed)) <= 1:
         block: Any = nullcontext()
-    elif len(specs) == 1 and connection.in_atomic_block:
+    elif not connection.in_atomic_block:
+        block = sql.transaction_of_statements()
+    elif len(specs) == 1:
         block = nullcontext()
     else:
         block = transaction.atomic(savepoint=bool(keyed))
+    # Minted before the transaction: leasing a node may write, and must not join it.
+    new_ids = iter(ids.next_ids(len(specs)))
     with block:
-        for (i, task), task_id in zip(fresh, ids.next_ids(len(fresh)), strict=True):
+        for (i, task), task_id in zip(fresh, new_ids, strict=False):
             task.id = task_id
             results[i] = task
         if unkeyed:
             sql.insert_tasks(sql.task_table(), unkeyed)
         # Identity locks are taken in one global order so two bulk calls cannot deadlock.
         for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
-            results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now)
+            results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now, next(new_ids))
     wakeup.notify_on_commit(
         {t.task_type for t in results if t is not None and t.enqueue_outcome != EXISTING and t.run_after <= now}
     )
@@ -208,20 +212,20 @@ def _template_row() -> list[Any]:
     return row
 
 
-def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime) -> Task:
-    """Apply the identity rules to one keyed request, holding its TaskKey row lock."""
+def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) -> Task:
+    """Apply the identity rules to one keyed request, holding its TaskKey row lock; `task_id` if it creates one."""
     assert spec.key is not None
     table = sql.task_table()
     newest = sql.lock_task_key(spec.task_type, spec.key, spec.version, now)
     if newest is None:
         # A brand-new key: no task of it exists, so there is nothing to find or supersede.
-        return _insert_new(table, spec, aging, now)
+        return _insert_new(table, spec, aging, now, task_id)
     if spec.version < newest:
         raise StaleVersion(spec.task_type, spec.key, spec.version, newest)
 
     existing = sql.find_task(table, spec.task_type, spec.key, spec.version)
     if existing is None:
-        task = _insert_new(table, spec, aging, now)
+        task = _insert_new(table, spec, aging, now, task_id)
     elif existing.status in (Status.FAILED, Status.STOPPED):
         task = _replace(existing, spec, aging, now)
     else:
@@ -232,9 +236,9 @@ def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime) -> Task:
     return task
 
 
-def _insert_new(table: str, spec: TaskSpec, aging: float, now: datetime) -> Task:
+def _insert_new(table: str, spec: TaskSpec, aging: float, now: datetime, task_id: int) -> Task:
     task = _new_task(spec, aging, now)
-    task.id = ids.next_id()
+    task.id = task_id
     sql.insert_tasks(table, [task])
     return task
 

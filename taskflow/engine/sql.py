@@ -10,13 +10,14 @@ numbered history tables once tables roll. Everything else changes tasks through 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from functools import cache
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils.dateparse import parse_datetime
 
 from ..models import Status, Task, TaskKey
@@ -41,6 +42,32 @@ def quote(name: str) -> str:
 def column(name: str) -> str:
     """The quoted column of a Task field."""
     return quote(Task._meta.get_field(name).column)
+
+
+# -- transactions ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def transaction_of_statements() -> Iterator[None]:
+    """atomic() for a few statements outside any transaction, one round trip shorter on MySQL.
+
+    atomic() switches autocommit off, runs the statements, sends COMMIT and switches autocommit
+    back on; MySQL commits the open transaction itself when autocommit goes back on, so the COMMIT
+    is left out. Django sees manual transaction management meanwhile, so nothing inside may use
+    on_commit() or expect atomic()'s bookkeeping (ids are minted before, for their node lease).
+    """
+    if connection.vendor != "mysql" or connection.in_atomic_block or not connection.get_autocommit():
+        with transaction.atomic():  # (autocommit off: the caller manages the transaction; atomic() knows)
+            yield
+        return
+    connection.set_autocommit(False)
+    try:
+        yield
+    except BaseException:
+        connection.rollback()
+        raise
+    finally:
+        connection.set_autocommit(True)
 
 
 # -- values to and from the driver ------------------------------------------------------------------
