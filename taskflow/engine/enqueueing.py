@@ -131,8 +131,8 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     # writes anything (its identity's lock aside) and so simply joins the caller's transaction.
     # Unkeyed tasks cannot be refused: no savepoint; a lone INSERT is atomic by itself, so it needs
     # no transaction at all (one round trip, not four).
-    unkeyed = [t for _, t in fresh]
-    if not keyed and len(sql.insert_batches(unkeyed)) <= 1:
+    batches = sql.insert_batches([t for _, t in fresh])
+    if not keyed and len(batches) <= 1:
         block: Any = nullcontext()
     elif not connection.in_atomic_block:
         block = sql.transaction_of_statements()
@@ -146,8 +146,8 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
         for (i, task), task_id in zip(fresh, new_ids, strict=False):
             task.id = task_id
             results[i] = task
-        if unkeyed:
-            sql.insert_tasks(sql.task_table(), unkeyed)
+        for batch in batches:
+            sql.insert_batch(sql.task_table(), batch)
         # Identity locks are taken in one global order so two bulk calls cannot deadlock.
         for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
             results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now, next(new_ids))

@@ -122,11 +122,15 @@ def same_value(a: Any, b: Any) -> bool:
     if kind is not type(b):
         return False
     if kind is dict:
-        return len(a) == len(b) and all(
-            same_value(ka, kb) and same_value(va, vb) for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=True)
+        return len(a) == len(b) and (
+            not a
+            or all(
+                same_value(ka, kb) and same_value(va, vb)
+                for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=True)
+            )
         )
     if kind is list or kind is tuple:
-        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and (not a or all(same_value(x, y) for x, y in zip(a, b, strict=True)))
     if kind is float:
         return repr(a) == repr(b)  # 0.0 and -0.0 are equal but written differently
     return a == b
@@ -149,35 +153,44 @@ def datetime_from_db() -> Adapter:
 
 
 def insert_tasks(table: str, tasks: list[Task]) -> None:
-    """INSERT new task rows with multi-row statements (see `insert_batches`).
+    """INSERT new task rows with as many multi-row statements as `insert_batches` splits them into."""
+    for batch in insert_batches(tasks):
+        insert_batch(table, batch)
+
+
+def insert_batch(table: str, tasks: list[Task]) -> None:
+    """INSERT new task rows with one multi-row statement (see `insert_batches` for its size).
 
     Hand-built because the ORM's bulk_create prepares every field of every row one call at a time,
     which costs several times more than the database's own work for a table this wide. Columns
     whose value is the same for the whole batch are converted once.
     """
+    if not tasks:
+        return
     head, attnames, adapters, placeholders = _insert_plan(connection.vendor, connection.timezone_name, table)
     # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
     # once saves most of that. Other drivers bind parameters natively and gain nothing.
     connection.ensure_connection()  # the driver's own literal() is needed before any query ran
     literal = _literal_renderer(connection.connection) if connection.vendor == "mysql" else None
-    for chunk in insert_batches(tasks):
-        others = chunk[1:]
-        marks: list[str] = []
-        varying: list[int] = []
-        for i, name in enumerate(attnames):
-            first = getattr(chunk[0], name)
-            if literal is not None and all(same_value(getattr(t, name), first) for t in others):
-                marks.append(literal(adapters[i](first)))
-            else:
-                marks.append(placeholders[i])
-                varying.append(i)
-        getters = [_payload_getter if attnames[i] == "payload" else _getter(attnames[i], adapters[i]) for i in varying]
-        params: list[Any] = []
-        for task in chunk:
-            params.extend(get(task) for get in getters)
-        row_sql = "(" + ", ".join(marks) + ")"
-        with connection.cursor() as cursor:
-            cursor.execute(head + ", ".join([row_sql] * len(chunk)), params)
+    others = tasks[1:]
+    marks: list[str] = []
+    varying: list[int] = []
+    for i, name in enumerate(attnames):
+        first = getattr(tasks[0], name)
+        if literal is not None and all(
+            (value := getattr(t, name)) is first or same_value(value, first) for t in others
+        ):
+            marks.append(literal(adapters[i](first)))
+        else:
+            marks.append(placeholders[i])
+            varying.append(i)
+    getters = [_payload_getter if attnames[i] == "payload" else _getter(attnames[i], adapters[i]) for i in varying]
+    params: list[Any] = []
+    for task in tasks:
+        params.extend(get(task) for get in getters)
+    row_sql = "(" + ", ".join(marks) + ")"
+    with connection.cursor() as cursor:
+        cursor.execute(head + ", ".join([row_sql] * len(tasks)), params)
     for task in tasks:
         task._state.adding = False
         task._state.db = connection.alias
