@@ -108,7 +108,7 @@ def enqueue(task_type: str, payload: Any = None, **options: Any) -> Task:
 
 
 def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]:
-    """Create many tasks in one transaction; unkeyed ones go in as one bulk INSERT.
+    """Create many tasks in one transaction; unkeyed ones go in as multi-row INSERTs.
 
     Each returned task carries `enqueue_outcome`: "created", "existing" or "replaced".
     Raises InvalidTask (nothing written) or StaleVersion (the whole call is refused).

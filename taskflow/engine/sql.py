@@ -10,6 +10,7 @@ numbered history tables once tables roll. Everything else changes tasks through 
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -247,8 +248,10 @@ def _naive_text(zone: tzinfo) -> Adapter:
 
 
 # Short plain values (status, empty strings, zeros, NULL) recur in every row: quote them once.
+# Only text whose quoting cannot depend on the connection (charset, NO_BACKSLASH_ESCAPES) is kept.
 _LITERALS: dict[tuple[type, Any], str] = {}
 _LITERALS_MAX = 512
+_PLAIN = frozenset(string.ascii_letters + string.digits + " ._:-")
 
 
 def _literal_renderer(driver: Any) -> Callable[[Any], str]:
@@ -256,14 +259,14 @@ def _literal_renderer(driver: Any) -> Callable[[Any], str]:
 
     def render(value: Any) -> str:
         kind = type(value)
-        simple = value is None or kind is int or kind is bool or (kind is str and len(value) <= 16 and value.isascii())
-        if simple:
+        short = value is None or kind is int or kind is bool or (kind is str and len(value) <= 16)
+        if short:
             text = _LITERALS.get((kind, value))
             if text is not None:
                 return text
         rendered = driver.literal(value)
         text = (rendered.decode() if isinstance(rendered, bytes) else rendered).replace("%", "%%")
-        if simple and len(_LITERALS) < _LITERALS_MAX:
+        if short and len(_LITERALS) < _LITERALS_MAX and (kind is not str or _PLAIN.issuperset(value)):
             _LITERALS[(kind, value)] = text
         return text
 
