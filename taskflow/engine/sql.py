@@ -168,7 +168,7 @@ def insert_batch(table: str, tasks: list[Task]) -> None:
     """
     if not tasks:
         return
-    head, attnames, adapters, placeholders = _insert_plan(connection.vendor, connection.timezone_name, table)
+    head, attnames, getters, placeholders = _insert_plan(connection.vendor, connection.timezone_name, table)
     # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
     # once saves most of that. Other drivers bind parameters natively and gain nothing.
     connection.ensure_connection()  # the driver's own literal() is needed before any query ran
@@ -178,17 +178,18 @@ def insert_batch(table: str, tasks: list[Task]) -> None:
     varying: list[int] = []
     for i, name in enumerate(attnames):
         first = getattr(tasks[0], name)
-        if literal is not None and all(
-            (value := getattr(t, name)) is first or same_value(value, first) for t in others
+        if literal is not None and (
+            not others or all((value := getattr(t, name)) is first or same_value(value, first) for t in others)
         ):
-            marks.append(literal(adapters[i](first)))
+            marks.append(literal(getters[i](tasks[0])))
         else:
             marks.append(placeholders[i])
             varying.append(i)
-    getters = [_payload_getter if attnames[i] == "payload" else _getter(attnames[i], adapters[i]) for i in varying]
     params: list[Any] = []
-    for task in tasks:
-        params.extend(get(task) for get in getters)
+    if varying:
+        row_getters = [getters[i] for i in varying]
+        for task in tasks:
+            params.extend(get(task) for get in row_getters)
     row_sql = "(" + ", ".join(marks) + ")"
     with connection.cursor() as cursor:
         cursor.execute(head + ", ".join([row_sql] * len(tasks)), params)
@@ -224,8 +225,10 @@ def _payload_getter(task: Task) -> Any:
 
 
 @cache
-def _insert_plan(vendor: str, time_zone: str | None, table: str) -> tuple[str, list[str], list[Adapter], list[str]]:
-    """The INSERT's fixed parts for one vendor and table: its head, and each column's name, converter, marker."""
+def _insert_plan(
+    vendor: str, time_zone: str | None, table: str
+) -> tuple[str, list[str], list[Callable[[Task], Any]], list[str]]:
+    """The INSERT's fixed parts for one vendor and table: its head, and each column's name, value getter, marker."""
     fields = Task._meta.concrete_fields
     head = f"INSERT INTO {quote(table)} ({', '.join(quote(f.column) for f in fields)}) VALUES "
     adapters = [to_db(f.name) for f in fields]
@@ -233,7 +236,11 @@ def _insert_plan(vendor: str, time_zone: str | None, table: str) -> tuple[str, l
         # What Django's adapter does for MySQL and SQLite, without its per-call settings lookups.
         zone = connection.timezone
         adapters = [_naive_text(zone) if a is datetime_to_db else a for a in adapters]
-    return head, [f.attname for f in fields], adapters, [placeholder(f.name) for f in fields]
+    getters = [
+        _payload_getter if f.attname == "payload" else _getter(f.attname, adapt)
+        for f, adapt in zip(fields, adapters, strict=True)
+    ]
+    return head, [f.attname for f in fields], getters, [placeholder(f.name) for f in fields]
 
 
 def _naive_text(zone: tzinfo) -> Adapter:
