@@ -17,7 +17,7 @@ from taskflow.engine.attempts import ClaimedTask, LeaseLost, Outcome, Report, he
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
 from taskflow.engine.finishing import finish_attempts
-from taskflow.engine.limiter import Limiter, counter_key
+from taskflow.engine.limiter import Limiter, held_slots
 from taskflow.models import ScheduleCfg, Status, Task, WorkerProcess
 from taskflow.runtime.worker import TooManyStuckHandlers, Worker
 
@@ -134,15 +134,16 @@ def test_rescue_gives_the_limiter_slot_back(redis_client):
     _cfg("test.noop", concurrency_limit=1)
     taskflow.enqueue("test.noop")
     limiter = Limiter()
-    assert limiter.take("test.noop", 1, 1) == 1
-    _claim()
-    assert limiter.take("test.noop", 1, 1) == 0  # the one slot is held
+    grant = limiter.take("test.noop", 1, 1)
+    assert grant.slots == 1
+    limiter.confirm(grant, [_claim()])
+    assert limiter.take("test.noop", 1, 1).slots == 0  # the one slot is held
     _worker_row(age=10)
     assert rescue.rescue_dead_workers() == 1
-    assert int(redis_client.get(counter_key("test.noop"))) == 0
+    assert held_slots("test.noop") == 0
     # A second pass finds nothing, so the slot is not given back twice.
     assert rescue.rescue_dead_workers() == 0
-    assert limiter.take("test.noop", 1, 1) == 1
+    assert limiter.take("test.noop", 1, 1).slots == 1
 
 
 def test_rescued_task_asking_for_host_affinity_prefers_its_first_host():
