@@ -44,7 +44,10 @@ _COLUMNS = (*sql.CLAIM_COLUMNS, "worker_id", "started_at", "lease_expires_at")
 
 
 def rescue_dead_workers(now: datetime | None = None, keep_going: KeepGoing = _always) -> int:
-    """Take away every attempt of workers whose liveness heartbeat is older than LIVENESS_TIMEOUT."""
+    """Take away every attempt of workers whose liveness heartbeat is older than LIVENESS_TIMEOUT.
+
+    Ages are judged by the database's clock; `now` only stamps what the rescue writes.
+    """
     now = now or timezone.now()
     cutoff = workers.liveness_cutoff()
     rows = WorkerProcess.objects.filter(worker_id=OuterRef("worker_id"))
@@ -76,7 +79,7 @@ def rescue_dead_workers(now: datetime | None = None, keep_going: KeepGoing = _al
 
 
 def rescue_expired_attempts(now: datetime | None = None, keep_going: KeepGoing = _always) -> int:
-    """Take away attempts past their deadline (`lease_expires_at`) even though their worker lives."""
+    """Take away attempts past their deadline (`lease_expires_at`, by the database's clock) while their worker lives."""
     now = now or timezone.now()
     expired = Task.objects.filter(status=Status.PROCESSING, lease_expires_at__lt=sql.database_now())
 

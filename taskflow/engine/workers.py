@@ -47,7 +47,10 @@ def forget(worker_id: str) -> None:
 
 
 def reap_dead_worker_rows(now: datetime | None = None, keep_going: Callable[[], bool] = lambda: True) -> int:
-    """Delete liveness rows of dead workers once none of their attempts remains processing."""
+    """Delete liveness rows of dead workers once none of their attempts remains processing.
+
+    Who is dead is decided by the database's clock; `now` is accepted as by every duty, unused.
+    """
     dead = list(WorkerProcess.objects.filter(heartbeat_at__lt=liveness_cutoff()).values_list("worker_id", flat=True))
     if not dead or not keep_going():
         return 0
