@@ -31,38 +31,46 @@ pytestmark = pytest.mark.processes
 WORKERS, CONCURRENCY = 4, 4
 
 
-class Sampler(threading.Thread):
-    """Counts processing rows by type every `interval` seconds, keeping the peaks."""
+class Repeating(threading.Thread):
+    """Calls `action` every `interval` seconds on a thread of its own until stopped."""
 
-    def __init__(self, interval: float = 0.02) -> None:
-        super().__init__(name="processing-sampler", daemon=True)
-        self.interval = interval
-        self.peak: dict[str, int] = defaultdict(int)
-        self.peak_total = 0
-        self.samples = 0
+    def __init__(self, action: Callable[[], object], interval: float, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.action, self.interval, self.calls = action, interval, 0
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         try:
             while not self._stop_event.is_set():
-                rows = (
-                    Task.objects.filter(status=Status.PROCESSING)
-                    .values_list("task_type")
-                    .annotate(n=Count("id"))
-                    .order_by()
-                )
-                counts = dict(rows)
-                for task_type, n in counts.items():
-                    self.peak[task_type] = max(self.peak[task_type], n)
-                self.peak_total = max(self.peak_total, sum(counts.values()))
-                self.samples += 1
+                self.action()
+                self.calls += 1
                 self._stop_event.wait(self.interval)
         finally:
             connection.close()
 
     def stop(self) -> None:
         self._stop_event.set()
-        self.join(timeout=10)
+        self.join(timeout=30)
+
+
+class Sampler(Repeating):
+    """Counts processing rows by type every `interval` seconds, keeping the peaks."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        super().__init__(self.sample, interval, "processing-sampler")
+        self.peak: dict[str, int] = defaultdict(int)
+        self.peak_total = 0
+
+    @property
+    def samples(self) -> int:
+        return self.calls
+
+    def sample(self) -> None:
+        rows = Task.objects.filter(status=Status.PROCESSING).values_list("task_type").annotate(n=Count("id")).order_by()
+        counts = dict(rows)
+        for task_type, n in counts.items():
+            self.peak[task_type] = max(self.peak[task_type], n)
+        self.peak_total = max(self.peak_total, sum(counts.values()))
 
 
 @pytest.fixture
@@ -305,28 +313,6 @@ def test_limit_of_five_holds_for_800_short_tasks_with_reconciliation_every_secon
     assert sampler.peak["test.sleep"] >= 3  # the workers did run tasks side by side
 
 
-class Disturbance(threading.Thread):
-    """Calls `action` over and over (with `pause` between calls) until stopped."""
-
-    def __init__(self, action: Callable[[], object], pause: float) -> None:
-        super().__init__(name="disturbance", daemon=True)
-        self.action, self.pause, self.calls = action, pause, 0
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self._stop_event.is_set():
-                self.action()
-                self.calls += 1
-                self._stop_event.wait(self.pause)
-        finally:
-            connection.close()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(timeout=30)
-
-
 def flush_limiter_keys() -> None:
     client = get_redis()
     for name in client.scan_iter("taskflow:*"):
@@ -344,7 +330,7 @@ def test_limit_holds_while_claims_and_reports_are_in_flight(
     # no longer processing, slots not yet given back) for longer than two measurements of drift
     # half a second apart, the reconciliation this test was written against. Reconciliation runs
     # all the while, or Redis is flushed in the middle of each report.
-    reconciler = Disturbance(reconcile_counters, 0.05)
+    reconciler = Repeating(reconcile_counters, 0.05, "reconciler")
 
     def in_flight(call: Callable[..., object], flush: bool, busy: int) -> Callable[..., object]:
         def slowly(*args: object, **kwargs: object) -> object:
