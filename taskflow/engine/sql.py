@@ -19,9 +19,11 @@ from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import DateTimeField
+from django.db.models.expressions import RawSQL
 from django.utils.dateparse import parse_datetime
 
-from ..models import Status, Task, TaskKey
+from ..models import Status, Task, TaskKey, WorkerProcess
 
 Adapter = Callable[[Any], Any]
 INSERT_BATCH = 1000  # rows per multi-row INSERT
@@ -458,12 +460,55 @@ class Guard:
     params: tuple[Any, ...] = field(default=())
 
     @classmethod
-    def deadline_passed(cls, now: datetime) -> Guard:
-        """Only attempts still past their deadline: a heartbeat that just extended it keeps the task."""
-        return cls(f"{column('lease_expires_at')} < %s", (datetime_to_db(now),))
+    def past_deadline(cls) -> Guard:
+        """Only attempts past their deadline by the database's clock: a heartbeat that just extended it wins."""
+        now, params = now_sql()
+        return cls(f"{column('lease_expires_at')} < {now}", tuple(params))
+
+    @classmethod
+    def worker_silent(cls, table: str, timeout: float) -> Guard:
+        """Only attempts whose worker has not beaten for `timeout` seconds by the database's clock, now.
+
+        A worker that was only stalled and beat again after the rescuer read its rows keeps its tasks.
+        An attempt of a worker without a liveness row must itself have been silent that long.
+        """
+        workers = quote(WorkerProcess._meta.db_table)
+        cutoff, params = now_sql(-timeout)
+        same_worker = f"{workers}.{quote('worker_id')} = {quote(table)}.{column('worker_id')}"
+        beat = f"{workers}.{quote('heartbeat_at')}"
+        return cls(
+            f"NOT EXISTS (SELECT 1 FROM {workers} WHERE {same_worker} AND {beat} >= {cutoff})"
+            f" AND ({quote(table)}.{column('heartbeat_at')} < {cutoff}"
+            f" OR EXISTS (SELECT 1 FROM {workers} WHERE {same_worker}))",
+            (*params, *params),
+        )
 
 
 NO_GUARD = Guard()
+
+
+# -- the database's clock -------------------------------------------------------------------------------
+
+
+def now_sql(shift: float = 0.0) -> tuple[str, list[Any]]:
+    """SQL for the database's current time plus `shift` seconds (UTC, as datetimes are stored), and its parameters.
+
+    Liveness and deadlines are compared on this one clock, so hosts whose clocks disagree cannot
+    make a live worker look dead.
+    """
+    if connection.vendor == "postgresql":
+        return "(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second')", [shift]
+    if connection.vendor == "mysql":
+        # UTC_TIMESTAMP, not NOW(): Django stores naive UTC whatever the session's time zone is.
+        return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(shift * 1_000_000)]
+    # SQLite stores datetimes as ISO text, which compares in time order.
+    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{shift:+.6f} seconds"]
+
+
+def database_now(shift: float = 0.0) -> RawSQL:
+    """The database's current time plus `shift` seconds, as an ORM expression (for filters and updates)."""
+    now, params = now_sql(shift)
+    return RawSQL(now, params, output_field=DateTimeField())
 
 
 def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, guard: Guard = NO_GUARD) -> int:
