@@ -4,7 +4,6 @@ worker that cannot go on stops, connections come back, and workers do not poll i
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
@@ -19,7 +18,7 @@ from taskflow.runtime import connections, supervision
 from taskflow.runtime import worker as worker_module
 from taskflow.runtime.worker import Worker, WorkerFailed
 
-from .conftest import wait_until
+from .conftest import run_in_thread, wait_until
 
 FINAL = [Status.SUCCESS, Status.FAILED]
 
@@ -33,20 +32,6 @@ def final_rows(tasks: list[Task], timeout: float = 30.0) -> dict[int, Task]:
 def set_cfg(task_type: str, **fields: Any) -> None:
     ScheduleCfg.objects.update_or_create(task_type=task_type, defaults=fields)
     configs_module.configs.clear()
-
-
-def run_in_thread(worker: Worker) -> tuple[threading.Thread, list[BaseException]]:
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=run, name="test-worker", daemon=True)
-    thread.start()
-    return thread, raised
 
 
 # -- one bad handler fails only its own task --------------------------------------------------------
