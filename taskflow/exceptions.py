@@ -114,7 +114,7 @@ class NextStage(TaskControl):
             )
         try:
             json.dumps(context, allow_nan=False)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidTask(f"NextStage context must be JSON-serialisable: {exc}") from None
         self.stage, self.context, self.delay, self.priority = stage, context, _seconds("NextStage", delay), priority
         super().__init__(f"next stage {stage!r}")

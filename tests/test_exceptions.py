@@ -10,6 +10,13 @@ from taskflow.engine import validation
 YEAR = 365 * 24 * 3600
 
 
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -33,6 +40,7 @@ YEAR = 365 * 24 * 3600
         (lambda: NextStage("two", delay=float("inf")), "NextStage delay"),
         (lambda: NextStage("two", context={"at": object()}), "NextStage context must be JSON-serialisable"),
         (lambda: NextStage("two", context={"x": float("nan")}), "NextStage context must be JSON-serialisable"),
+        (lambda: NextStage("two", context=nested(100_000)), "NextStage context must be JSON-serialisable"),
     ],
 )
 def test_a_malformed_signal_raises_invalid_task_naming_the_problem(make, message) -> None:
