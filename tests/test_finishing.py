@@ -4,10 +4,12 @@ an outage keeps the reports for later, and a repeated report counts once."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
-from django.db import OperationalError
+from django.db import DatabaseError, OperationalError, connection, transaction
+from django.utils import timezone
 
 import taskflow
 from taskflow.engine import finishing, sql
@@ -138,15 +140,59 @@ def test_a_lone_report_whose_write_fails_once_for_a_passing_reason_is_written(mo
     (task,) = claim(1)
     real, calls = sql.update_attempts, []
 
-    def lock_timeout_once(*args: Any, **kwargs: Any) -> int:
+    def connection_lost_once(*args: Any, **kwargs: Any) -> int:
         calls.append(1)
         if len(calls) == 1:
-            raise OperationalError("Lock wait timeout exceeded; try restarting transaction")
+            raise OperationalError(2013, "Lost connection to server during query")  # and it is back
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sql, "update_attempts", lock_timeout_once)
+    monkeypatch.setattr(sql, "update_attempts", connection_lost_once)
     assert len(finish_attempts([Report(task, Outcome.SUCCESS, result="done")])) == 1
     assert rows([task])[0]["status"] == Status.SUCCESS and len(calls) == 2
+
+
+def wait_for_locks_at_most_a_second() -> None:
+    """This connection gives up on a lock after about a second (the session ends with the test)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+        elif connection.vendor == "postgresql":
+            cursor.execute("SET lock_timeout = '1s'")
+        else:
+            cursor.execute("PRAGMA busy_timeout = 1000")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_that_waits_too_long_for_a_lock_is_not_a_refusal() -> None:
+    tasks = claim(3)
+    reports = [Report(t, Outcome.SUCCESS, result=i) for i, t in enumerate(tasks)]
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_a_row_lock() -> None:
+        # On SQLite the transaction holds the whole database's write lock, which is the point too.
+        with transaction.atomic():
+            Task.objects.select_for_update().filter(pk=tasks[1].id).update(updated_at=timezone.now())
+            locked.set()
+            release.wait(30)
+        connection.close()
+
+    holder = threading.Thread(target=hold_a_row_lock)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        wait_for_locks_at_most_a_second()
+        with pytest.raises(DatabaseError) as raised:
+            finish_attempts(reports)
+        assert sql.is_lock_conflict(raised.value)
+        # Nothing was failed for it, nothing written: the reports are simply tried again later.
+        assert [r["status"] for r in rows(tasks)] == [Status.PROCESSING] * 3
+        assert all(r.written is None for r in reports)
+    finally:
+        release.set()
+        holder.join(30)
+    connection.close()  # back to the usual lock waits
+    assert len(finish_attempts(reports)) == 3
+    assert [r["result"] for r in rows(tasks)] == [0, 1, 2]
 
 
 @pytest.mark.django_db(transaction=True)

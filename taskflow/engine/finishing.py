@@ -9,8 +9,9 @@ One report must never hold back the others. Statements are bounded by rows and b
 refuses a packet over max_allowed_packet, 16 MiB by default). A write that fails while the
 database still answers is tried again in halves until the report it choked on is alone; that
 report's task is then failed with the database's message and the others land. A write that fails
-because the database is gone is not a refusal: nothing is failed, the error is raised, and the
-caller keeps the reports to try again.
+because the database is gone, or because another transaction held its locks too long (a lock
+timeout, a deadlock), is not a refusal: nothing is failed, the error is raised, and the caller keeps
+the reports to try again.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ MAX_STATEMENT_ROWS = 500
 # Values per UPDATE: a quarter of MySQL's default max_allowed_packet, since quoting can double text.
 MAX_STATEMENT_BYTES = 4 * 1024 * 1024
 ROW_BYTES = 2048  # what a row's bounded columns (schedule log, timestamps, ids) add up to at most
-# A lone report whose write keeps failing on a database that answers: tries before it counts as
-# refused (lock timeouts and deadlocks pass; a refused value or an oversized row does not).
+# A lone report whose write keeps failing on a database that answers, with an error that is not
+# about its values (a lost connection, say): tries before it counts as refused. An oversized row
+# fails every time; a passing failure does not.
 REFUSAL_TRIES = 3
 
 Row = tuple[Report, dict[str, Any]]  # a report and the columns it writes
@@ -108,15 +110,17 @@ def _write_isolating(
         try:
             written = _write(table, rows, guard, now)
         except Exception as exc:
-            if not _database_answers():
-                raise  # an outage: nothing of this part was written, the caller tries again later
+            if sql.is_lock_conflict(exc) or not _database_answers():
+                # Another transaction's locks, or an outage: nothing of this part was written and
+                # nothing is wrong with it; the caller tries again later.
+                raise
             if len(rows) > 1:
                 break
             tries += 1
             if _refusal(exc) or tries >= REFUSAL_TRIES:
                 _fail_refused(table, rows[0][0], cfgs, exc, guard, now, accepted)
                 return
-            time.sleep(0.05 * tries)  # a lock timeout or deadlock: let the other transaction finish
+            time.sleep(0.05 * tries)  # e.g. the connection was lost and the server is back already
             continue
         for report, changes in written:
             report.written = changes
@@ -150,7 +154,7 @@ def _fail_refused(
     try:
         written = _write(table, [(report, changes)], guard, now)
     except Exception as again:
-        if not _database_answers():
+        if sql.is_lock_conflict(again) or not _database_answers():
             raise
         log.error(
             "task %s: its failure could not be written either (%s: %s); it stays processing until taskwatch "
