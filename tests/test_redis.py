@@ -109,7 +109,7 @@ def test_two_deployments_share_no_wakeups(redis_client, deployment: Deployment) 
 
     stop = threading.Event()
     with deployment("a"):
-        listener = wakeup.RedisListener(on_wakeup, stop)
+        listener = threading.Thread(target=wakeup.RedisListener(on_wakeup, stop).listen, daemon=True)
         listener.start()
         assert subscribed.wait(10)
     try:
