@@ -165,3 +165,15 @@ def test_a_stopping_worker_hands_back_claimed_tasks_it_has_not_started(run_log: 
     row = Task.objects.get(pk=task.pk)
     assert (row.status, row.attempts, row.worker_id, row.schedule_log) == (Status.PENDING, 0, "", [])
     assert not run_log.exists()
+
+
+def test_a_limited_type_claims_again_when_its_slots_free_not_at_its_next_poll(start_worker) -> None:
+    # A limit of 2 and a poll every 10 minutes: only slots this worker frees can start the other tasks.
+    ScheduleCfg.objects.update_or_create(
+        task_type="test.record", defaults={"concurrency_limit": 2, "schedule_interval": 600.0}
+    )
+    configs.clear()
+    tasks = taskflow.enqueue_many([{"task_type": "test.record", "payload": {"n": i, "sleep": 0.05}} for i in range(8)])
+    start_worker(["test.record"], concurrency=4)
+    for task in tasks:
+        assert finished(task, timeout=30).status == Status.SUCCESS

@@ -204,8 +204,10 @@ class Worker:
             interval = max(0.01, cfg.schedule_interval)
             if task_type not in self._next_poll:
                 # Workers started together must not poll in step: each first polls at a random point
-                # of its interval (a burst worker at once; a wake-up makes anyone look at once).
-                self._next_poll[task_type] = now if self.burst else now + random.random() * interval
+                # of its interval, capped at a second so a restart never leaves due work waiting for
+                # a long interval (a burst worker looks at once; a wake-up makes anyone look at once).
+                offset = random.random() * min(interval, 1.0)
+                self._next_poll[task_type] = now if self.burst else now + offset
             polled = now >= self._next_poll[task_type]
             due = polled or task_type in woken or task_type in self._backlog
             if cfg.paused or not due:
@@ -399,10 +401,20 @@ class Worker:
         self._count_written(len(reports), accepted)
 
     def _count_written(self, finished: int, accepted: list[Report]) -> None:
+        # A concurrency slot of a limited type freed here may let waiting tasks of it start: look
+        # again now rather than at the next poll (slots freed by other workers wait for a poll).
+        limited = {r.task.task_type for r in accepted} & self._limited_types()
         with self._lock:
             self._unreported -= finished
             self.processed += sum(1 for r in accepted if r.outcome != Outcome.HANDBACK)
+            self._woken |= limited
         self._wake.set()
+
+    def _limited_types(self) -> set[str]:
+        cfgs = configs.get_many(self.task_types)
+        if get_settings().GLOBAL_CONCURRENCY_LIMIT > 0:
+            return set(cfgs)
+        return {task_type for task_type, cfg in cfgs.items() if cfg.concurrency_limit > 0}
 
     # -- shutdown ------------------------------------------------------------------------------
 
