@@ -84,6 +84,20 @@ class ClaimedTask:
         )
 
 
+    @classmethod
+    def running(cls, row: dict[str, Any], cfg: ScheduleCfg, now: datetime) -> ClaimedTask:
+        """The attempt now running on the task in `row` (read with its worker, started_at and deadline)."""
+        return cls.from_row(
+            row,
+            cfg,
+            attempt=row["attempts"],  # counted when it was claimed
+            lease_token=row["lease_token"],
+            worker_id=row["worker_id"],
+            claimed_at=row["started_at"] or now,
+            lease_expires_at=row["lease_expires_at"] or now,
+        )
+
+
 class Outcome(enum.StrEnum):
     SUCCESS = "success"
     ERROR = "error"  # retried by the policy while attempts remain
@@ -92,6 +106,7 @@ class Outcome(enum.StrEnum):
     NEXT_STAGE = "next_stage"
     RESCUED = "rescued"  # taken away by taskwatch (dead worker or deadline): a failed attempt
     HANDBACK = "handback"  # claimed but never started: back to pending as it was
+    TERMINATED = "terminated"  # stopped by an operator while running: the task ends stopped
     LOST = "lost"  # the attempt was taken away while running: nothing to write
 
 
