@@ -42,7 +42,7 @@ class Plan:
     """How much work each phase does; --quick swaps in a small one."""
 
     single_n: int = 5_000
-    # Keyed enqueues take several round trips and row locks each, so fewer of them keep the run short.
+    # Keyed enqueues take a transaction of two statements each, so fewer of them keep the run short.
     keyed_n: int = 1_000
     single_runs: int = 3
     bulk_total: int = 50_000

@@ -41,6 +41,9 @@ class Task(models.Model):
     # NULL when the producer gave no key: such tasks have no identity and never deduplicate.
     key = models.CharField(max_length=255, null=True, blank=True, db_column="task_key")
     version = models.BigIntegerField(default=0)
+    # Set by the enqueue of a newer version while this one waits or runs; a running attempt's
+    # retry, snooze or next stage then stops the task instead of queueing it again.
+    superseded_by = models.BigIntegerField(null=True, blank=True, help_text="the newer version that replaced this one")
     priority = models.SmallIntegerField(default=0, help_text="-100..100, higher runs first")
 
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
@@ -111,7 +114,8 @@ class TaskKey(models.Model):
     """The newest version seen for one (task_type, key).
 
     Its row lock serialises enqueues of the same identity, so concurrent requests with different
-    versions are ordered even before any task row exists.
+    versions are ordered even before any task row exists. Never deleted: every task of a key was
+    inserted under its head row, so a missing head means a brand-new key.
     """
 
     task_type = models.CharField(max_length=100)

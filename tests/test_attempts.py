@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -259,6 +260,22 @@ def test_one_batch_applies_different_outcomes_to_different_tasks() -> None:
     assert (rows[4]["stage"], rows[4]["context"], rows[4]["attempts"]) == ("two", {"n": 2}, 0)
     assert all(r["lease_expires_at"] is None for r in rows)
     assert finish_attempts([], cfgs={}) == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("values", [[True, 1, 1.0], [False, 0, 0.0]])
+def test_a_batch_of_results_stores_equal_but_differently_typed_values_exactly(values: list[Any]) -> None:
+    cfgs = {T: configs.get(T)}
+    for shape in (lambda v: v, lambda v: {"ok": v}, lambda v: [{"n": [v]}]):
+        results = [shape(v) for v in values]  # equal by ==, so one batch would write them as one literal
+        for i in range(len(results)):
+            taskflow.enqueue(T, {"i": i})
+        held = claim_batch(cfgs[T], len(results), "w1")
+        assert len({t.lease_token for t in held}) == 1  # one UPDATE for the whole batch
+        reports = [Report(t, Outcome.SUCCESS, result=r) for t, r in zip(held, results, strict=True)]
+        assert len(finish_attempts(reports, cfgs=cfgs)) == len(results)
+        for task, result in zip(held, results, strict=True):
+            assert json.dumps(row(task.id)["result"]) == json.dumps(result)
 
 
 def test_a_failed_attempt_asking_for_host_affinity_is_retried_on_its_first_host() -> None:

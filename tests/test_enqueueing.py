@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -9,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import taskflow
-from taskflow.engine import wakeup
+from taskflow.engine import ids, sql, wakeup
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task, TaskKey
@@ -127,6 +129,28 @@ def test_a_valid_request_is_stored_as_given() -> None:
     assert TaskKey.objects.get(task_type=T, key="k1").version == 3
 
 
+# Values Python calls equal but JSON and the database do not: each must come back as it went in.
+EQUAL_BUT_DIFFERENT = [[True, 1, 1.0], [False, 0, 0.0]]
+
+
+def as_stored(value: Any) -> str:
+    """The JSON text of a value: tells True, 1 and 1.0 apart, unlike ==."""
+    return json.dumps(value)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("values", EQUAL_BUT_DIFFERENT)
+def test_bulk_enqueue_stores_equal_but_differently_typed_values_exactly(values: list[Any]) -> None:
+    shapes = [lambda v: {"flag": v}, lambda v: {"deep": [{"x": v}, v]}, lambda v: [v]]
+    for shape in shapes:
+        payloads = [shape(v) for v in values]
+        tasks = taskflow.enqueue_many([{"task_type": T, "payload": p, "context": {"c": p}} for p in payloads])
+        stored = {t.pk: (t.payload, t.context) for t in Task.objects.filter(pk__in=[t.pk for t in tasks])}
+        for task, payload in zip(tasks, payloads, strict=True):
+            assert as_stored(stored[task.pk]) == as_stored((payload, {"c": payload}))
+            assert as_stored(task.payload) == as_stored(payload)
+
+
 # -- identity and versions -------------------------------------------------------------------------
 
 
@@ -187,8 +211,8 @@ def test_a_newer_version_supersedes_only_older_pending_versions() -> None:
     v5 = taskflow.enqueue(T, {"v": 5}, key="k", version=5)
 
     rows = {t.version: t for t in Task.objects.filter(key="k")}
-    # A running attempt is not interrupted; waiting ones are stopped and say why.
-    assert rows[1].status == Status.PROCESSING
+    # A running attempt is not interrupted (it is marked, see test_versions); waiting ones are stopped and say why.
+    assert rows[1].status == Status.PROCESSING and rows[1].superseded_by == 5
     for version in (2, 3):
         assert rows[version].status == Status.STOPPED
         assert "superseded" in rows[version].status_msg
@@ -200,6 +224,31 @@ def test_a_newer_version_supersedes_only_older_pending_versions() -> None:
     # A superseded version cannot come back, even though it is stopped.
     with pytest.raises(taskflow.StaleVersion):
         taskflow.enqueue(T, {"v": 3}, key="k", version=3)
+
+
+@pytest.mark.django_db
+def test_a_repeat_in_the_same_microsecond_is_still_the_existing_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The identity's head row then gets the same timestamp twice: MySQL must still see an existing row.
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+    first = taskflow.enqueue(T, {"n": 1}, key="k", version=1)
+    again = taskflow.enqueue(T, {"n": 2}, key="k", version=1)
+    assert (again.enqueue_outcome, again.pk, again.payload) == ("existing", first.pk, {"n": 1})
+    with pytest.raises(taskflow.StaleVersion):
+        taskflow.enqueue(T, key="k", version=0)
+
+
+@pytest.mark.django_db
+def test_a_new_key_takes_two_statements_and_a_repeat_a_few() -> None:
+    def statements(**options: Any) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            taskflow.enqueue(T, **options)
+        return [q["sql"] for q in queries if "SAVEPOINT" not in q["sql"]]
+
+    taskflow.enqueue(T, key="warm")  # the type's config row, cached from here on
+    assert len(statements(key="new", version=1)) == 2  # the identity's head row, the task
+    assert len(statements(key="new", version=1)) <= 4  # head, its version, the existing task
+    assert len(statements(key="new", version=2)) <= 5  # ..., the new task, older versions superseded
 
 
 @pytest.mark.django_db
@@ -245,6 +294,26 @@ def test_enqueue_many_is_all_or_nothing_when_one_item_is_stale() -> None:
         )
 
     assert snapshot() == before
+
+
+@pytest.mark.django_db
+def test_enqueue_many_splits_a_call_too_big_for_one_statement() -> None:
+    # 20 MB in one call: more than a stock MariaDB takes in one statement (max_allowed_packet 16 MiB).
+    big = "x" * 20_000
+    tasks = taskflow.enqueue_many([{"task_type": T, "payload": {"i": i, "blob": big}} for i in range(1000)])
+    assert len({t.pk for t in tasks}) == 1000
+    assert Task.objects.filter(task_type=T).count() == 1000
+    assert Task.objects.get(pk=tasks[999].pk).payload == {"i": 999, "blob": big}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_call_split_into_several_statements_is_still_all_or_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql, "INSERT_BYTES", 3 * sql.ROW_BYTES)  # two rows per statement
+    minted = iter([101, 102, 103, 101])  # the last statement collides with the first one's row
+    monkeypatch.setattr(ids, "next_ids", lambda count: [next(minted) for _ in range(count)])
+    with pytest.raises(IntegrityError):
+        taskflow.enqueue_many([{"task_type": T, "payload": {"i": i}} for i in range(4)])
+    assert not Task.objects.exists()
 
 
 @pytest.mark.django_db
@@ -308,9 +377,24 @@ def test_a_refused_call_inside_a_transaction_keeps_the_callers_other_work(wakeup
         mine = taskflow.enqueue(T, {"mine": True})
         with pytest.raises(taskflow.StaleVersion):
             taskflow.enqueue_many([{"task_type": T, "payload": {"lost": True}}, {"task_type": T, "key": "k"}])
+        with pytest.raises(taskflow.StaleVersion):
+            taskflow.enqueue(T, {"lost": True}, key="k", version=1)  # a lone request: no savepoint needed
+        also_mine = taskflow.enqueue(T, {"also mine": True}, key="other")
     payloads = list(Task.objects.values_list("payload", flat=True))
-    assert len(payloads) == 2 and {"mine": True} in payloads and {"lost": True} not in payloads
-    assert Task.objects.filter(pk=mine.pk).exists()
+    assert len(payloads) == 3 and {"lost": True} not in payloads
+    assert Task.objects.filter(pk__in=[mine.pk, also_mine.pk]).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_call_outside_a_transaction_writes_nothing_and_leaves_autocommit_on() -> None:
+    taskflow.enqueue(T, key="k", version=3)
+    before = snapshot()
+    with pytest.raises(taskflow.StaleVersion):
+        taskflow.enqueue_many([{"task_type": T, "payload": {"lost": True}}, {"task_type": T, "key": "k", "version": 2}])
+    assert snapshot() == before
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    assert taskflow.enqueue(T, key="k", version=4).enqueue_outcome == "created"  # and it commits:
+    assert Task.objects.filter(key="k", version=4).exists()
 
 
 @pytest.mark.django_db

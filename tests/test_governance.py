@@ -17,7 +17,7 @@ from taskflow.engine.attempts import ClaimedTask, LeaseLost, Outcome, Report, he
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
 from taskflow.engine.finishing import finish_attempts
-from taskflow.engine.limiter import Limiter, counter_key
+from taskflow.engine.limiter import Limiter, held_slots
 from taskflow.models import ScheduleCfg, Status, Task, WorkerProcess
 from taskflow.runtime.worker import TooManyStuckHandlers, Worker
 
@@ -134,15 +134,78 @@ def test_rescue_gives_the_limiter_slot_back(redis_client):
     _cfg("test.noop", concurrency_limit=1)
     taskflow.enqueue("test.noop")
     limiter = Limiter()
-    assert limiter.take("test.noop", 1, 1) == 1
-    _claim()
-    assert limiter.take("test.noop", 1, 1) == 0  # the one slot is held
+    grant = limiter.take("test.noop", 1, 1)
+    assert grant.slots == 1
+    limiter.confirm(grant, [_claim()])
+    assert limiter.take("test.noop", 1, 1).slots == 0  # the one slot is held
     _worker_row(age=10)
     assert rescue.rescue_dead_workers() == 1
-    assert int(redis_client.get(counter_key("test.noop"))) == 0
+    assert held_slots("test.noop") == 0
     # A second pass finds nothing, so the slot is not given back twice.
     assert rescue.rescue_dead_workers() == 0
-    assert limiter.take("test.noop", 1, 1) == 1
+    assert limiter.take("test.noop", 1, 1).slots == 1
+
+
+def test_stalled_worker_that_beats_again_before_the_rescue_lands_keeps_its_tasks(monkeypatch):
+    tasks = [taskflow.enqueue("test.noop") for _ in range(2)]
+    claim_batch(configs.get("test.noop"), 2, WORKER)
+    _worker_row(age=10)  # stalled (GC pause, SIGSTOP, a slow host) long enough to look dead
+    finish = rescue.finish_attempts
+
+    def beat_resumes_then_finish(*args: object, **kwargs: object) -> object:
+        # The worker's beat lands after taskwatch read the rows, before its UPDATE.
+        workers.beat(WORKER, "host-a", ["test.noop"], 8)
+        return finish(*args, **kwargs)
+
+    monkeypatch.setattr(rescue, "finish_attempts", beat_resumes_then_finish)
+    assert rescue.rescue_dead_workers() == 0
+    assert [Task.objects.get(pk=t.pk).status for t in tasks] == [Status.PROCESSING] * 2
+    monkeypatch.undo()
+    assert rescue.rescue_dead_workers() == 0  # and it is alive now
+    assert workers.reap_dead_worker_rows() == 0
+
+
+def test_attempt_without_a_worker_row_that_heartbeats_before_the_rescue_lands_is_kept(monkeypatch):
+    task = taskflow.enqueue("test.noop")
+    claimed = _claim()
+    Task.objects.filter(pk=task.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=10))
+    finish = rescue.finish_attempts
+
+    def handler_heartbeats_then_finish(*args: object, **kwargs: object) -> object:
+        heartbeat(claimed)
+        return finish(*args, **kwargs)
+
+    monkeypatch.setattr(rescue, "finish_attempts", handler_heartbeats_then_finish)
+    assert rescue.rescue_dead_workers() == 0
+    assert Task.objects.get(pk=task.pk).status == Status.PROCESSING
+
+
+def skewed_clock(monkeypatch, seconds: float) -> None:  # noqa: ANN001
+    """Make this host's clock `seconds` off (the database's clock stays right)."""
+    real = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real() + timedelta(seconds=seconds))
+
+
+def test_a_worker_host_with_a_slow_clock_does_not_look_dead(monkeypatch):
+    taskflow.enqueue("test.noop")
+    _claim()
+    with monkeypatch.context() as on_the_worker_host:
+        skewed_clock(on_the_worker_host, -600)
+        workers.beat(WORKER, "host-a", ["test.noop"], 8)
+    assert rescue.rescue_dead_workers() == 0
+    assert workers.reap_dead_worker_rows() == 0
+    assert Task.objects.get().status == Status.PROCESSING
+
+
+def test_a_watcher_host_with_a_fast_clock_rescues_nothing_early(monkeypatch):
+    taskflow.enqueue("test.noop", timeout=60)
+    _claim()
+    workers.beat(WORKER, "host-a", ["test.noop"], 8)
+    skewed_clock(monkeypatch, 600)
+    assert rescue.rescue_dead_workers() == 0
+    assert rescue.rescue_expired_attempts() == 0
+    assert workers.reap_dead_worker_rows() == 0
+    assert Task.objects.get().status == Status.PROCESSING
 
 
 def test_rescued_task_asking_for_host_affinity_prefers_its_first_host():

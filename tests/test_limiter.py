@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
+import time
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -13,9 +16,11 @@ from redis.retry import Retry
 
 import taskflow
 from taskflow.engine import limiter
+from taskflow.engine.attempts import Outcome, Report
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
-from taskflow.engine.limiter import GATE, GLOBAL, Limiter, counter_key, reconcile_counters
+from taskflow.engine.finishing import finish_attempts
+from taskflow.engine.limiter import GATE, GLOBAL, Limiter, held_slots, holder, reconcile_counters, slots_key
 from taskflow.models import Lock, ScheduleCfg, Status, Task
 
 from .conftest import wait_until
@@ -68,206 +73,332 @@ def run_threads(target, count: int) -> None:  # noqa: ANN001
         thread.join(timeout=60)
 
 
-def counter(client, name: str) -> int | None:  # noqa: ANN001
-    value = client.get(counter_key(name))
-    return None if value is None else int(value)
-
-
 def limited_cfg(task_type: str, limit: int) -> ScheduleCfg:
     cfg = configs.get(task_type)
     ScheduleCfg.objects.filter(pk=task_type).update(concurrency_limit=limit)
     cfg.refresh_from_db()
+    configs.clear()
     return cfg
 
 
-# -- Redis slot counters ---------------------------------------------------------------------------
+@dataclass
+class FakeAttempt:
+    """A slot holder that is not a task row (for slot bookkeeping alone)."""
+
+    task_type: str
+    id: int
+    lease_token: int = 1
+
+
+def attempts(task_type: str, count: int, start: int = 1) -> list[FakeAttempt]:
+    return [FakeAttempt(task_type, n) for n in range(start, start + count)]
+
+
+def held(client, name: str) -> set[str]:  # noqa: ANN001
+    """The attempts holding slots of `name` (reservations and the sentinel left out)."""
+    members = {m.decode() for m in client.zrangebyscore(slots_key(name), "+inf", "+inf")}
+    return members - {"#"}
+
+
+def claim_with(slots: Limiter, cfg: ScheduleCfg, wanted: int, worker: str = "w1") -> list:  # noqa: ANN001
+    """What the worker does: take slots, claim, confirm."""
+    grant = slots.take(cfg.task_type, wanted, cfg.concurrency_limit)
+    claimed = claim_batch(cfg, grant.slots, worker)
+    slots.confirm(grant, claimed)
+    return claimed
+
+
+# -- Redis slots ------------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
 def test_take_never_grants_beyond_the_limit(redis_client):
     slots = Limiter()
-    assert [slots.take("t.a", 2, 3), slots.take("t.a", 2, 3), slots.take("t.a", 1, 3)] == [2, 1, 0]
-    assert counter(redis_client, "t.a") == 3
+    assert [slots.take("t.a", 2, 3).slots, slots.take("t.a", 2, 3).slots, slots.take("t.a", 1, 3).slots] == [2, 1, 0]
+    assert held_slots("t.a") == 3
 
 
 @pytest.mark.django_db
-def test_give_back_never_goes_below_zero(redis_client):
+def test_confirm_holds_the_claimed_attempts_and_gives_back_the_rest(redis_client):
     slots = Limiter()
-    assert slots.take("t.a", 2, 5) == 2
-    slots.give_back("t.a", 5, 5)
-    assert counter(redis_client, "t.a") == 0
-    assert slots.take("t.a", 9, 5) == 5  # the over-return did not open extra slots
+    grant = slots.take("t.a", 5, 5)
+    assert grant.slots == 5
+    a, b = attempts("t.a", 2)
+    slots.confirm(grant, [a, b])
+    assert held_slots("t.a") == 2
+    assert held(redis_client, "t.a") == {"1:1", "2:1"}
+    assert slots.take("t.a", 9, 5).slots == 3
+
+
+@pytest.mark.django_db
+def test_a_slot_is_given_back_once_per_attempt(redis_client):
+    slots = Limiter()
+    a, b = attempts("t.a", 2)
+    slots.confirm(slots.take("t.a", 2, 2), [a, b])
+    slots.release([a], {"t.a": 2})
+    slots.release([a], {"t.a": 2})  # a duplicate report, or a rescue racing the report
+    slots.release([FakeAttempt("t.a", 2, lease_token=0)], {"t.a": 2})  # an older attempt of the same task
+    assert held(redis_client, "t.a") == {"2:1"}
+    assert slots.take("t.a", 9, 2).slots == 1  # the double give-back did not open an extra slot
+
+
+@pytest.mark.django_db
+def test_release_reads_the_limits_when_not_given(redis_client):
+    limited_cfg("t.a", 2)
+    slots = Limiter()
+    (a,) = attempts("t.a", 1)
+    slots.confirm(slots.take("t.a", 1, 2), [a])
+    slots.release([a])
+    assert held_slots("t.a") == 0
 
 
 @pytest.mark.django_db
 def test_unlimited_type_takes_no_slot(redis_client):
     slots = Limiter()
-    assert slots.take("t.free", 40, 0) == 40
-    slots.give_back("t.free", 40, 0)
-    assert counter(redis_client, "t.free") is None
+    grant = slots.take("t.free", 40, 0)
+    assert (grant.slots, grant.reservation) == (40, "")
+    slots.confirm(grant, attempts("t.free", 40))
+    slots.release(attempts("t.free", 40), {"t.free": 0})
+    assert held_slots("t.free") is None
+
+
+@pytest.mark.django_db
+def test_unconfirmed_reservation_expires(redis_client, monkeypatch):
+    monkeypatch.setattr(limiter, "RESERVATION_TTL", 0.3)
+    slots = Limiter()
+    assert slots.take("t.a", 3, 3).slots == 3  # and the worker dies before it confirms
+    assert slots.take("t.a", 3, 3).slots == 0
+    time.sleep(0.4)
+    assert slots.take("t.a", 3, 3).slots == 3
 
 
 @pytest.mark.django_db
 def test_concurrent_takes_grant_exactly_the_limit(redis_client):
     slots = Limiter()
-    assert slots.take("t.a", 1, 5) == 1  # initialises the counter here, where the database is
-    slots.give_back("t.a", 1, 5)
+    slots.confirm(slots.take("t.a", 1, 5), [])  # builds the set here, where the database is
     start = threading.Barrier(16)
     grants: list[int] = []
 
     def take_once() -> None:
         start.wait()
-        grants.append(slots.take("t.a", 2, 5))
+        grants.append(slots.take("t.a", 2, 5).slots)
 
     run_threads(take_once, 16)
     assert sum(grants) == 5
-    assert counter(redis_client, "t.a") == 5
+    assert held_slots("t.a") == 5
 
 
 @pytest.mark.django_db
-def test_concurrent_takes_and_give_backs_never_hold_more_than_the_limit(redis_client):
+def test_concurrent_takes_confirms_and_releases_never_hold_more_than_the_limit(redis_client):
     slots = Limiter()
-    assert slots.take("t.a", 1, 5) == 1
-    slots.give_back("t.a", 1, 5)
-    held, peak, granted_total = [0], [0], [0]
+    slots.confirm(slots.take("t.a", 1, 5), [])
+    ids = itertools.count(1)
+    holding, peak, granted_total = [0], [0], [0]
     lock = threading.Lock()
 
     def churn() -> None:
-        for _ in range(200):
-            granted = slots.take("t.a", 2, 5)
-            with lock:
-                held[0] += granted
-                granted_total[0] += granted
-                peak[0] = max(peak[0], held[0])
-            with lock:
-                held[0] -= granted
-            slots.give_back("t.a", granted, 5)
+        mine: list[FakeAttempt] = []
+        for _ in range(100):
+            grant = slots.take("t.a", 2, 5)
+            claimed = [FakeAttempt("t.a", next(ids)) for _ in range(grant.slots // 2 + grant.slots % 2)]
+            slots.confirm(grant, claimed)
+            with lock:  # the new attempts run while the previous ones end
+                holding[0] += len(claimed)
+                granted_total[0] += len(claimed)
+                peak[0] = max(peak[0], holding[0])
+                holding[0] -= len(mine)
+            slots.release(mine, {"t.a": 5})
+            mine = claimed
+        with lock:
+            holding[0] -= len(mine)
+        slots.release(mine, {"t.a": 5})
 
     run_threads(churn, 16)
-    print(f"\nthreads: peak slots held {peak[0]} (limit 5), {granted_total[0]} granted in all")
+    print(f"\nthreads: peak slots held {peak[0]} (limit 5), {granted_total[0]} attempts in all")
     assert 0 < peak[0] <= 5
-    assert counter(redis_client, "t.a") == 0
+    assert held_slots("t.a") == 0
 
 
 @pytest.mark.django_db
 def test_type_and_global_slots_are_taken_together(redis_client, global_limit):
     global_limit(5)
     slots = Limiter()
-    assert slots.take("t.a", 10, 3) == 3
-    assert (counter(redis_client, "t.a"), counter(redis_client, GLOBAL)) == (3, 3)
-    assert slots.take("t.free", 10, 0) == 2  # unlimited type, but the global limit still counts
-    assert slots.take("t.other", 1, 4) == 0
-    assert counter(redis_client, "t.other") == 0  # a refused take leaves every counter as it was
-    slots.give_back("t.a", 1, 3)
-    assert (counter(redis_client, "t.a"), counter(redis_client, GLOBAL)) == (2, 4)
-    assert slots.take("t.free", 10, 0) == 1
-    slots.give_back("t.free", 3, 0)
-    assert counter(redis_client, GLOBAL) == 2
-    assert slots.take("t.a", 10, 3) == 1  # the type's limit binds before the global one
+    a = slots.take("t.a", 10, 3)
+    assert a.slots == 3
+    assert (held_slots("t.a"), held_slots(GLOBAL)) == (3, 3)
+    free = slots.take("t.free", 10, 0)
+    assert free.slots == 2  # unlimited type, but the global limit still counts
+    assert slots.take("t.other", 1, 4).slots == 0
+    assert held_slots("t.other") == 0  # a refused take leaves every set as it was
+    first = attempts("t.a", 2)
+    slots.confirm(a, first)
+    assert (held_slots("t.a"), held_slots(GLOBAL)) == (2, 4)
+    assert slots.take("t.free", 10, 0).slots == 1
+    slots.confirm(free, [])
+    assert held_slots(GLOBAL) == 3
+    slots.release(first[:1], {"t.a": 3})
+    assert (held(redis_client, "t.a"), held(redis_client, GLOBAL)) == ({"2:1"}, {"2:1"})
+    assert slots.take("t.a", 10, 3).slots == 2  # the type's limit binds before the global one
 
 
 @pytest.mark.django_db
-def test_missing_counters_start_from_the_processing_rows(redis_client, global_limit):
+def test_missing_sets_are_rebuilt_from_the_processing_attempts(redis_client, global_limit):
     global_limit(4)
-    add_tasks("t.a", 2, Status.PROCESSING)
-    add_tasks("t.b", 1, Status.PROCESSING)
+    a = add_tasks("t.a", 2, Status.PROCESSING)
+    b = add_tasks("t.b", 1, Status.PROCESSING)
     slots = Limiter()
-    assert slots.take("t.a", 5, 3) == 1
-    assert (counter(redis_client, "t.a"), counter(redis_client, GLOBAL)) == (3, 4)
-    redis_client.delete(counter_key(GLOBAL))  # e.g. evicted
-    assert slots.take("t.b", 5, 0) == 1  # recounted from the database: 3 rows (the grant is not one yet)
-    assert counter(redis_client, GLOBAL) == 4
+    assert slots.take("t.a", 5, 3).slots == 1
+    assert held(redis_client, "t.a") == {f"{i}:0" for i in a}
+    assert held(redis_client, GLOBAL) == {f"{i}:0" for i in a + b}
+    redis_client.delete(slots_key(GLOBAL))  # e.g. evicted
+    assert slots.take("t.b", 5, 0).slots == 1  # rebuilt from the database: 3 rows (the grant is not one yet)
+    assert held_slots(GLOBAL) == 4
 
 
 @pytest.mark.django_db
 def test_unreachable_redis_stops_limited_types_only(global_limit):
     slots = Limiter(client=unreachable_redis())
-    assert slots.take("t.a", 3, 2) == 0
-    assert slots.take("t.free", 3, 0) == 3
-    slots.give_back("t.a", 2, 2)  # logged, not raised: the counter is reconciled later
+    assert slots.take("t.a", 3, 2).slots == 0
+    assert slots.take("t.free", 3, 0).slots == 3
+    slots.release(attempts("t.a", 2), {"t.a": 2})  # logged, not raised: left to reconciliation
     global_limit(10)
-    assert slots.take("t.free", 3, 0) == 0  # a global limit makes every type a limited one
+    assert slots.take("t.free", 3, 0).slots == 0  # a global limit makes every type a limited one
 
 
 @pytest.mark.django_db
 def test_after_a_failure_redis_is_left_alone_for_a_while():
     client = DeadRedis()
     slots = Limiter(client=client)
-    assert slots.take("t.a", 3, 2) == 0
-    assert slots.take("t.a", 3, 2) == 0
-    slots.give_back("t.a", 1, 2)
+    assert slots.take("t.a", 3, 2).slots == 0
+    assert slots.take("t.a", 3, 2).slots == 0
+    slots.release(attempts("t.a", 1), {"t.a": 2})
     assert client.calls == 1
-    wait_until(lambda: slots.take("t.a", 3, 2) == 0 and client.calls == 2, timeout=10)
+    wait_until(lambda: slots.take("t.a", 3, 2).slots == 0 and client.calls == 2, timeout=10)
+
+
+class FailsOnce:
+    """A Redis client that loses the first call of one Lua script, and passes everything else through."""
+
+    def __init__(self, client, script: str) -> None:  # noqa: ANN001
+        self.client, self.script, self.failed = client, script, False
+
+    def eval(self, script: str, *args: object) -> object:
+        if script == self.script and not self.failed:
+            self.failed = True
+            raise redis.ConnectionError("connection reset")
+        return self.client.eval(script, *args)
+
+
+@pytest.mark.django_db
+def test_a_lost_confirm_is_sent_again_before_the_next_take(redis_client):
+    slots = Limiter(client=FailsOnce(redis_client, limiter._CONFIRM))
+    grant = slots.take("t.a", 3, 3)
+    slots.confirm(grant, attempts("t.a", 2))  # lost: the reservation still holds all 3 slots
+    assert held_slots("t.a") == 3
+    wait_until(lambda: slots.take("t.a", 3, 3).slots == 1, timeout=10)
+    assert held(redis_client, "t.a") == {"1:1", "2:1"}
+
+
+# -- a Redis restart or flush -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_redis_flush_is_recovered_exactly(redis_client):
+    cfg = limited_cfg("t.a", 3)
+    add_tasks("t.a", 6)
+    slots = Limiter()
+    running = claim_with(slots, cfg, 3)
+    assert held_slots("t.a") == 3
+    # The first attempt's final update lands, then Redis loses everything before its slot comes back.
+    done = running[0]
+    assert finish_attempts([Report(done, Outcome.SUCCESS)], cfgs={"t.a": cfg}, limiter=Limiter(client=None)) != []
+    redis_client.flushdb()
+    assert held_slots("t.a") is None
+    assert len(claim_with(slots, cfg, 3)) == 1  # rebuilt from the 2 processing attempts
+    slots.release([done], {"t.a": 3})  # the late give-back frees nothing it should not
+    assert held_slots("t.a") == 3
+    assert claim_with(slots, cfg, 3) == []
+    assert reconcile_counters() == {"t.a": 3}
+    assert held(redis_client, "t.a") == {f"{t}:{token}" for t, token in processing_attempts("t.a")}
+
+
+def processing_attempts(task_type: str) -> list[tuple[int, int]]:
+    return list(Task.objects.filter(task_type=task_type, status=Status.PROCESSING).values_list("id", "lease_token"))
 
 
 # -- reconciliation --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def no_gap(monkeypatch):  # noqa: ANN001, ANN201
-    """Reconcile without pausing between the two drift measurements."""
-    monkeypatch.setattr(limiter, "RECONCILE_GAP", 0)
-
-
 @pytest.mark.django_db
-def test_reconcile_corrects_counters_to_the_processing_rows(redis_client, global_limit, no_gap):
+def test_reconcile_frees_ended_attempts_and_adds_forgotten_ones(redis_client, global_limit):
     global_limit(10)
     limited_cfg("t.a", 3)
-    limited_cfg("t.b", 2)
+    limited_cfg("t.b", 3)
     limited_cfg("t.c", 2)
     limited_cfg("t.free", 0)
-    add_tasks("t.a", 2, Status.PROCESSING)
+    running_a = add_tasks("t.a", 2, Status.PROCESSING)
     add_tasks("t.a", 4)
-    add_tasks("t.b", 2, Status.PROCESSING)
-    add_tasks("t.c", 1, Status.PROCESSING)
-    add_tasks("t.free", 1, Status.PROCESSING)
-    redis_client.set(counter_key("t.a"), 7)  # leaked by a crashed worker
-    redis_client.set(counter_key("t.b"), 0)  # too low: the limit was raised from 0 while tasks ran
-    redis_client.set(counter_key("t.free"), 5)  # left from when the type had a limit
-    redis_client.set(counter_key(GLOBAL), 1)  # too low: Redis lost writes
-    assert reconcile_counters() == {"t.a": 2, "t.b": 2, "t.c": 1, GLOBAL: 6}  # t.c's counter was missing
-    assert [counter(redis_client, n) for n in ("t.a", "t.b", "t.c", GLOBAL, "t.free")] == [2, 2, 1, 6, None]
-
-
-@pytest.mark.django_db
-def test_reconcile_keeps_the_slots_of_a_claim_in_progress(redis_client, no_gap, monkeypatch):
-    limited_cfg("t.a", 5)
-    add_tasks("t.a", 1, Status.PROCESSING)
+    running_b = add_tasks("t.b", 2, Status.PROCESSING)
+    running_c = add_tasks("t.c", 1, Status.PROCESSING)
+    running_free = add_tasks("t.free", 1, Status.PROCESSING)
     slots = Limiter()
-    assert slots.take("t.a", 5, 5) == 4  # counter 1 (initialised) + 4 granted, rows not claimed yet
-    assert slots.take("t.a", 5, 5) == 0
-    count = limiter._processing_counts
-    measured = []
+    # Build the sets of t.a, t.b and the global one; the grants stay reserved (claims in flight).
+    assert (slots.take("t.a", 1, 3).slots, slots.take("t.b", 1, 3).slots) == (1, 1)
+    leaked = [FakeAttempt("t.a", 999_001), FakeAttempt("t.a", running_a[0], lease_token=7)]
+    redis_client.zadd(slots_key("t.a"), {holder(a): "+inf" for a in leaked})  # a crashed worker's
+    redis_client.zrem(slots_key("t.b"), f"{running_b[0]}:0")  # a lost confirm
+    redis_client.zadd(slots_key("t.free"), {"5:5": "+inf", "#": "+inf"})  # from when the type had a limit
+    redis_client.zrem(slots_key(GLOBAL), *(f"{i}:0" for i in running_b + running_c))
 
-    def count_while_the_claim_commits(names: list[str]) -> dict[str, int]:
-        counts = count(names)
-        measured.append(counts)
-        if len(measured) == 1:  # between the two measurements: 2 claimed, 2 grants given back
-            add_tasks("t.a", 2, Status.PROCESSING)
-            slots.give_back("t.a", 2, 5)
-        return counts
-
-    monkeypatch.setattr(limiter, "_processing_counts", count_while_the_claim_commits)
-    assert reconcile_counters() == {"t.a": 3}
-    assert slots.take("t.a", 5, 5) == 2
+    # t.a: 2 attempts + 1 reserved; t.b: 2 + 1; t.c had no set; global: 6 attempts + 2 reserved
+    assert reconcile_counters() == {"t.a": 3, "t.b": 3, "t.c": 1, GLOBAL: 8}
+    assert held(redis_client, "t.a") == {f"{i}:0" for i in running_a}
+    assert held(redis_client, "t.b") == {f"{i}:0" for i in running_b}
+    assert held(redis_client, GLOBAL) == {f"{i}:0" for i in running_a + running_b + running_c + running_free}
+    assert held_slots("t.free") is None
 
 
 @pytest.mark.django_db
-def test_reconcile_removes_only_the_drift_both_measurements_show(redis_client, no_gap, monkeypatch):
-    limited_cfg("t.a", 5)
-    add_tasks("t.a", 1, Status.PROCESSING)
-    redis_client.set(counter_key("t.a"), 4)  # 3 leaked
-    count = limiter._processing_counts
-    calls = []
+def test_reconcile_keeps_the_slots_of_claims_and_reports_in_flight(redis_client):
+    cfg = limited_cfg("t.a", 3)
+    add_tasks("t.a", 6)
+    slots = Limiter()
+    running = claim_with(slots, cfg, 2)
+    # A claim in flight: slots taken, rows not processing yet (and committed, not yet confirmed).
+    grant = slots.take("t.a", 3, 3)
+    assert grant.slots == 1
+    assert reconcile_counters() == {"t.a": 3}
+    claimed = claim_batch(cfg, grant.slots, "w2")
+    assert reconcile_counters() == {"t.a": 4}  # counted twice until the confirm: too few claims, never too many
+    assert slots.take("t.a", 3, 3).slots == 0
+    slots.confirm(grant, claimed)
+    assert held_slots("t.a") == 3
+    # A report in flight: the final update is written, its slot not given back yet.
+    done = running[0]
+    finish_attempts([Report(done, Outcome.SUCCESS)], cfgs={"t.a": cfg}, limiter=Limiter(client=None))
+    assert reconcile_counters() == {"t.a": 2}  # read before the rows, and no longer processing: freed
+    slots.release([done], {"t.a": 3})  # arrives late, and changes nothing
+    assert held_slots("t.a") == 2
+    assert len(claim_with(slots, cfg, 3)) == 1
 
-    def count_while_slots_move(names: list[str]) -> dict[str, int]:
-        calls.append(1)
-        if len(calls) == 2:  # a claim of 2 in progress during the second measurement
-            redis_client.incrby(counter_key("t.a"), 2)
-        return count(names)
 
-    monkeypatch.setattr(limiter, "_processing_counts", count_while_slots_move)
-    assert reconcile_counters() == {"t.a": 3}  # 1 row + the 2 granted; the 3 leaked are gone
+@pytest.mark.django_db
+def test_reconcile_never_frees_an_attempt_that_joined_after_it_read_redis(redis_client, monkeypatch):
+    cfg = limited_cfg("t.a", 2)
+    add_tasks("t.a", 2)
+    slots = Limiter()
+    slots.confirm(slots.take("t.a", 1, 2), [])
+    grant = slots.take("t.a", 2, 2)
+    claimed = claim_batch(cfg, grant.slots, "w1")
+    read_rows = limiter._processing_attempts
+
+    def confirmed_meanwhile(names: list[str]) -> dict[str, list[str]]:
+        slots.confirm(grant, claimed)  # between reconciliation's read of Redis and of the rows
+        return read_rows(names)
+
+    monkeypatch.setattr(limiter, "_processing_attempts", confirmed_meanwhile)
+    assert reconcile_counters() == {"t.a": 2}
+    assert slots.take("t.a", 1, 2).slots == 0
 
 
 @pytest.mark.django_db

@@ -90,10 +90,10 @@ def test_two_deployments_share_no_leases(redis_client, deployment: Deployment) -
 def test_two_deployments_share_no_concurrency_counters(redis_client, deployment: Deployment) -> None:  # noqa: ANN001
     limiter = Limiter(redis_client)
     with deployment("a"):
-        assert limiter.take("t.limited", 5, 3) == 3
-        assert limiter.take("t.limited", 5, 3) == 0  # a's limit is used up...
+        assert limiter.take("t.limited", 5, 3).slots == 3
+        assert limiter.take("t.limited", 5, 3).slots == 0  # a's limit is used up...
     with deployment("b"):
-        assert limiter.take("t.limited", 5, 3) == 3  # ...and b's is its own
+        assert limiter.take("t.limited", 5, 3).slots == 3  # ...and b's is its own
 
 
 @pytest.mark.django_db

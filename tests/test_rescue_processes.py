@@ -10,7 +10,7 @@ from django.conf import settings
 import taskflow
 from taskflow.engine import locks
 from taskflow.engine.configs import configs
-from taskflow.engine.limiter import Limiter, counter_key
+from taskflow.engine.limiter import Limiter, held_slots
 from taskflow.models import ScheduleCfg, Status, Task, WorkerProcess
 from taskflow.runtime.leadership import LEADER_LOCK
 
@@ -58,9 +58,8 @@ def test_kill_9_worker_is_rescued_within_the_liveness_timeout_and_finishes_once(
     assert [(r[0], r[2]) for r in runs].count((str(task.pk), "end")) == 1
     assert [r[3] for r in runs if r[2] == "end"] == [task.worker_id]
     if Limiter().uses_redis:
-        client = Limiter()._client
         # Given back by the rescue and by the survivor's report (and checked by reconciliation).
-        wait_until(lambda: int(client.get(counter_key("test.sleep")) or 0) == 0, timeout=10)
+        wait_until(lambda: held_slots("test.sleep") == 0, timeout=10)
 
 
 def test_handler_stuck_forever_ends_failed_after_max_retries_plus_one_attempts(spawn, run_log):

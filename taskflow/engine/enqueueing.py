@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ..exceptions import InvalidTask, StaleVersion
-from ..models import Status, Task, TaskKey
+from ..models import Status, Task
 from . import ids, sql, wakeup
 from .configs import configs
 from .transitions import order_time
@@ -108,7 +108,7 @@ def enqueue(task_type: str, payload: Any = None, **options: Any) -> Task:
 
 
 def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]:
-    """Create many tasks in one transaction; unkeyed ones go in as one bulk INSERT.
+    """Create many tasks in one transaction; unkeyed ones go in as multi-row INSERTs.
 
     Each returned task carries `enqueue_outcome`: "created", "existing" or "replaced".
     Raises InvalidTask (nothing written) or StaleVersion (the whole call is refused).
@@ -126,19 +126,31 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
         if spec.key is None
     ]
 
-    # Unkeyed tasks cannot be refused, so they join the caller's transaction without the cost of
-    # a savepoint; a call with keys gets one, so a StaleVersion undoes the whole call and nothing else.
-    # A lone INSERT is atomic by itself: no transaction needed (one round trip, not four).
-    single_statement = not keyed and len(fresh) <= sql.INSERT_BATCH
-    with transaction.atomic(savepoint=bool(keyed)) if not single_statement else nullcontext():
-        for (i, task), task_id in zip(fresh, ids.next_ids(len(fresh)), strict=True):
+    # A StaleVersion undoes the whole call and nothing else: a call with keys gets a savepoint for
+    # that inside the caller's transaction, except a lone keyed request, which is refused before it
+    # writes anything (its identity's lock aside) and so simply joins the caller's transaction.
+    # Unkeyed tasks cannot be refused: no savepoint; a lone INSERT is atomic by itself, so it needs
+    # no transaction at all (one round trip, not four).
+    batches = sql.insert_batches([t for _, t in fresh])
+    if not keyed and len(batches) <= 1:
+        block: Any = nullcontext()
+    elif not connection.in_atomic_block:
+        block = sql.transaction_of_statements()
+    elif len(specs) == 1:
+        block = nullcontext()
+    else:
+        block = transaction.atomic(savepoint=bool(keyed))
+    # Minted before the transaction: leasing a node may write, and must not join it.
+    new_ids = iter(ids.next_ids(len(specs)))
+    with block:
+        for (i, task), task_id in zip(fresh, new_ids, strict=False):
             task.id = task_id
             results[i] = task
-        if fresh:
-            sql.insert_tasks(sql.task_table(), [t for _, t in fresh])
+        for batch in batches:
+            sql.insert_batch(sql.task_table(), batch)
         # Identity locks are taken in one global order so two bulk calls cannot deadlock.
         for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
-            results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now)
+            results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now, next(new_ids))
     wakeup.notify_on_commit(
         {t.task_type for t in results if t is not None and t.enqueue_outcome != EXISTING and t.run_after <= now}
     )
@@ -200,43 +212,34 @@ def _template_row() -> list[Any]:
     return row
 
 
-def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime) -> Task:
-    """Apply the identity rules to one keyed request, holding its TaskKey row lock."""
-    # An upsert takes the row's exclusive lock at once (insert-if-missing then SELECT FOR UPDATE
-    # would let two first-time requests both insert).
-    target = ["task_type", "key"] if connection.features.supports_update_conflicts_with_target else None
-    TaskKey.objects.bulk_create(
-        [TaskKey(task_type=spec.task_type, key=spec.key, version=spec.version)],
-        update_conflicts=True,
-        unique_fields=target,
-        update_fields=["updated_at"],
-    )
-    head = TaskKey.objects.select_for_update().get(task_type=spec.task_type, key=spec.key)
-    if spec.version < head.version:
-        raise StaleVersion(spec.task_type, spec.key or "", spec.version, head.version)
+def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) -> Task:
+    """Apply the identity rules to one keyed request, holding its TaskKey row lock; `task_id` if it creates one."""
+    assert spec.key is not None
+    table = sql.task_table()
+    newest = sql.lock_task_key(spec.task_type, spec.key, spec.version, now)
+    if newest is None:
+        # A brand-new key: no task of it exists, so there is nothing to find or supersede.
+        return _insert_new(table, spec, aging, now, task_id)
+    if spec.version < newest:
+        raise StaleVersion(spec.task_type, spec.key, spec.version, newest)
 
-    existing = Task.objects.filter(task_type=spec.task_type, key=spec.key, version=spec.version).first()
-    if existing is not None and existing.status in (Status.FAILED, Status.STOPPED):
+    existing = sql.find_task(table, spec.task_type, spec.key, spec.version)
+    if existing is None:
+        task = _insert_new(table, spec, aging, now, task_id)
+    elif existing.status in (Status.FAILED, Status.STOPPED):
         task = _replace(existing, spec, aging, now)
-    elif existing is not None:
-        existing.enqueue_outcome = EXISTING  # type: ignore[attr-defined]
-        task = existing
     else:
-        task = _new_task(spec, aging, now)
-        task.id = ids.next_id()
-        sql.insert_tasks(sql.task_table(), [task])
+        existing.enqueue_outcome = EXISTING  # type: ignore[attr-defined]
+        return existing
+    # Waiting older versions stop; running ones finish their attempt and then stop.
+    sql.supersede_older_versions(table, spec.task_type, spec.key, spec.version, now)
+    return task
 
-    if spec.version > head.version:
-        TaskKey.objects.filter(pk=head.pk).update(version=spec.version)
-    if task.enqueue_outcome != EXISTING:  # type: ignore[attr-defined]
-        Task.objects.filter(
-            task_type=spec.task_type, key=spec.key, version__lt=spec.version, status=Status.PENDING
-        ).update(
-            status=Status.STOPPED,
-            status_msg=f"superseded by version {spec.version}",
-            finished_at=now,
-            updated_at=now,
-        )
+
+def _insert_new(table: str, spec: TaskSpec, aging: float, now: datetime, task_id: int) -> Task:
+    task = _new_task(spec, aging, now)
+    task.id = task_id
+    sql.insert_tasks(table, [task])
     return task
 
 

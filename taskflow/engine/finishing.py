@@ -85,15 +85,14 @@ def _write(
 
 def _give_slots_back(accepted: list[Report], cfgs: dict[str, ScheduleCfg], limiter: Limiter | None) -> None:
     # Only for attempts whose final update we made: a refused report's slot was given back by
-    # whoever took the attempt away.
-    released: dict[str, int] = defaultdict(int)
-    for report in accepted:
-        released[report.task.task_type] += 1
-    if not released:
+    # whoever took the attempt away. Slots are named by attempt, so giving one back twice is
+    # harmless; and only once the update is committed, or a claim could start before it lands.
+    if not accepted:
         return
     limiter = limiter or Limiter()
-    for task_type, count in released.items():
-        limiter.give_back(task_type, count, cfgs[task_type].concurrency_limit)
+    attempts = [report.task for report in accepted]
+    limits = {task_type: cfg.concurrency_limit for task_type, cfg in cfgs.items()}
+    transaction.on_commit(lambda: limiter.release(attempts, limits))
 
 
 def _due_now(changes: dict[str, Any], now: datetime) -> bool:

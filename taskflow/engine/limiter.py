@@ -1,11 +1,22 @@
-"""Concurrency limits per task type and globally: Redis slot counters, or an exact count in the database.
+"""Concurrency limits per task type and globally: slots held by attempts in Redis, or an exact count in the database.
 
-With Redis, a worker takes slots *before* claiming (one Lua script checks the type's and the global
-bound together), gives back what it did not claim, and gives a slot back only after the task's
-final database update for that attempt was accepted. A missing counter (Redis restarted, the key
-was evicted) is first initialised from the database, so a restart never forgets running tasks.
-`taskwatch` calls `reconcile_counters()` every RECONCILE_INTERVAL, so a crash skews a counter
-only until then.
+With Redis, every limited type (and the global limit) has a sorted set of the slots held now, each
+named for its holder, so counting never guesses:
+- a claim first takes a *reservation* (one Lua script checks the type's and the global bound
+  together and adds that many reservation members, which expire after RESERVATION_TTL on Redis's
+  own clock); after the claim's transaction commits, `confirm` swaps the reservation for one member
+  per claimed attempt, `<task id>:<lease_token>`, which gives back what was not claimed;
+- `release` removes an attempt's member once its final database update was accepted. Removing a
+  named member twice changes nothing, so a slot is given back at most once per attempt, whoever
+  ends it (the worker's report, a rescue, an operator);
+- `reconcile_counters()` (taskwatch, every RECONCILE_INTERVAL) compares the attempts held with the
+  processing rows: it frees exactly the attempts read before the database that are no longer
+  processing under that token, adds processing attempts Redis does not hold (it restarted, a
+  confirm was lost), and drops expired reservations. Claims and reports in flight are never taken
+  for drift: a reservation is not an attempt, and an attempt joins the set only after its claim
+  committed.
+A missing set (Redis restarted or evicted it) is first rebuilt from the processing rows, so a
+restart never forgets running tasks.
 
 Without Redis, `exact_room()` runs inside the claim's transaction: it locks the type's ScheduleCfg
 row (or, with a global limit, one gate row shared by every claim) and counts processing rows, so
@@ -14,80 +25,174 @@ concurrent claimers can never together exceed a limit.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import secrets
+import threading
 import time
+from collections import defaultdict, deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import transaction
-from django.db.models import Count
 
 from ..conf import get_settings
 from ..models import Lock, ScheduleCfg, Status, Task
+from .configs import configs
 from .redis import RedisError, get_redis, key
 
 log = logging.getLogger("taskflow.limiter")
 
-# The name reconcile_counters() reports the global counter under; no task type starts with '*'.
+# The name reconcile_counters() reports the global slots under; no task type starts with '*'.
 GLOBAL = "*"
 # The database row every claim locks while a global limit is enforced without Redis.
 GATE = "taskflow:concurrency-gate"
 _GATE_EXPIRES = datetime(9999, 12, 31, tzinfo=UTC)  # never expires, so no lease logic takes it over
 
-# KEYS = counters; ARGV[1] = wanted, ARGV[1+i] = the limit of counter i. Grants the same n
-# (0..wanted) on every counter, or returns -1 when a counter is missing and must be initialised
-# from the database first.
-_TAKE = """
+# Seconds a reservation holds its slots if its claim never confirms (the worker died between
+# taking the slots and committing its claim). A claim's transaction takes milliseconds; one that
+# outlives this may run over the limit until its tasks end (logged by confirm).
+RESERVATION_TTL = 60.0
+
+# Every slot set holds this member (scored +inf, never counted) so that an empty set still exists:
+# a missing set means Redis forgot it, and it must be rebuilt from the database before use.
+_PRESENT = "#"
+
+# Members: attempts `<id>:<token>` and the sentinel score +inf; reservations `r...:<n>` score the
+# Redis time (ms) they expire at.
+_NOW = """
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+# KEYS = slot sets; ARGV[1] = wanted, ARGV[2] = reservation id, ARGV[3] = its lifetime (ms),
+# ARGV[3+i] = the limit of set i. Reserves the same n (0..wanted) in every set; -1 when a set is
+# missing and must be rebuilt from the database first.
+_TAKE = (
+    _NOW
+    + """
 local n = tonumber(ARGV[1])
 for i = 1, #KEYS do
-  local current = redis.call('get', KEYS[i])
-  if not current then return -1 end
-  n = math.min(n, tonumber(ARGV[i + 1]) - tonumber(current))
+  if redis.call('exists', KEYS[i]) == 0 then return -1 end
+  redis.call('zremrangebyscore', KEYS[i], '-inf', now)
+  n = math.min(n, tonumber(ARGV[3 + i]) - (redis.call('zcard', KEYS[i]) - 1))
 end
 if n <= 0 then return 0 end
-for i = 1, #KEYS do redis.call('incrby', KEYS[i], n) end
+local members = {}
+for j = 1, n do
+  members[2 * j - 1] = now + tonumber(ARGV[3])
+  members[2 * j] = ARGV[2] .. ':' .. j
+end
+for i = 1, #KEYS do redis.call('zadd', KEYS[i], unpack(members)) end
 return n
 """
-# KEYS = counters; ARGV[1] = slots. Never below zero (a double give-back, which should not happen,
-# cannot open extra slots later) and never creates a counter: one initialised later from the
-# database already leaves these finished attempts out.
-_GIVE = """
+)
+# KEYS = slot sets; ARGV[1] = reservation id, ARGV[2] = its size, ARGV[3..] = the attempts claimed
+# with it. Returns how many sets still held the whole reservation. A missing set is left alone:
+# rebuilt from the database, it will hold these attempts (their claim has committed).
+_CONFIRM = """
+local size = tonumber(ARGV[2])
+local intact = 0
 for i = 1, #KEYS do
-  local current = tonumber(redis.call('get', KEYS[i]) or '0')
-  local n = math.min(tonumber(ARGV[1]), current)
-  if n > 0 then redis.call('decrby', KEYS[i], n) end
+  if redis.call('exists', KEYS[i]) == 1 then
+    local removed = 0
+    for j = 1, size do removed = removed + redis.call('zrem', KEYS[i], ARGV[1] .. ':' .. j) end
+    if removed == size then intact = intact + 1 end
+    for j = 3, #ARGV do redis.call('zadd', KEYS[i], '+inf', ARGV[j]) end
+  end
+end
+return intact
+"""
+# KEYS = slot sets; ARGV[i] = how many of the members that follow belong to set i. Removing a
+# member that is not there (given back already, or never counted) changes nothing.
+_RELEASE = """
+local at = #KEYS + 1
+for i = 1, #KEYS do
+  local last = at + tonumber(ARGV[i]) - 1
+  for j = at, last do redis.call('zrem', KEYS[i], ARGV[j]) end
+  at = last + 1
 end
 return 0
 """
-# KEYS = counters; ARGV[i] = processing rows counter i stands for. Only missing counters are set.
-_INIT = """
-for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[i], 'NX') end
+# KEYS = slot sets; ARGV[i] = how many attempts of those that follow belong to set i. Creates only
+# missing sets, from the processing attempts read from the database.
+_REBUILD = """
+local at = #KEYS + 1
+for i = 1, #KEYS do
+  local last = at + tonumber(ARGV[i]) - 1
+  if redis.call('exists', KEYS[i]) == 0 then
+    redis.call('zadd', KEYS[i], '+inf', '#')
+    for j = at, last do redis.call('zadd', KEYS[i], '+inf', ARGV[j]) end
+  end
+  at = last + 1
+end
 return 0
 """
-# KEYS = counters; ARGV[i] = the drift to remove from counter i (positive when it is too high),
-# ARGV[#KEYS+i] = its processing rows, the value for a counter that is missing. Relative, so slots
-# taken and given back while the drift was measured are kept. Returns the new values.
-_CORRECT = """
-local k = #KEYS
-local values = {}
-for i = 1, k do
-  local current = redis.call('get', KEYS[i])
-  local value = tonumber(ARGV[k + i])
-  if current then value = math.max(0, tonumber(current) - tonumber(ARGV[i])) end
-  redis.call('set', KEYS[i], value)
-  values[i] = value
+# KEYS = slot sets; ARGV[3i-2] = 1 if set i existed at the first read, ARGV[3i-1] = how many
+# attempts to free, ARGV[3i] = how many to add, then those members set by set. A set that vanished
+# since the first read is left for the next take to rebuild. Returns the slots now held (-1: none).
+_CORRECT = (
+    _NOW
+    + """
+local at = 3 * #KEYS + 1
+local held = {}
+for i = 1, #KEYS do
+  local free, add = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+  local exists = redis.call('exists', KEYS[i]) == 1
+  if not exists and ARGV[3 * i - 2] == '0' then
+    redis.call('zadd', KEYS[i], '+inf', '#')
+    exists = true
+  end
+  if exists then
+    for j = at, at + free - 1 do redis.call('zrem', KEYS[i], ARGV[j]) end
+    for j = at + free, at + free + add - 1 do redis.call('zadd', KEYS[i], '+inf', ARGV[j]) end
+    redis.call('zremrangebyscore', KEYS[i], '-inf', now)
+    held[i] = redis.call('zcard', KEYS[i]) - 1
+  else
+    held[i] = -1
+  end
+  at = at + free + add
 end
-return values
+return held
 """
-# Seconds between the two drift measurements of reconcile_counters(): a claim or report in
-# progress shows up as drift in one of them, real drift in both.
-RECONCILE_GAP = 0.5
+)
+# KEYS[1] = a slot set. The slots held now (attempts and live reservations), -1 if it is missing.
+_HELD = (
+    _NOW
+    + """
+if redis.call('exists', KEYS[1]) == 0 then return -1 end
+return redis.call('zcount', KEYS[1], '(' .. now, '+inf') - 1
+"""
+)
 
 
-def counter_key(task_type: str) -> str:
-    """The Redis key counting the slots held by tasks of `task_type` (GLOBAL: by all tasks)."""
-    return key("running-all") if task_type == GLOBAL else key("running", task_type)
+def slots_key(name: str) -> str:
+    """The Redis key of the slots held by tasks of type `name` (GLOBAL: by all tasks)."""
+    return key("slots-all") if name == GLOBAL else key("slots", name)
+
+
+class Attempt(Protocol):
+    """What identifies the holder of a slot: one attempt of one task (ClaimedTask has these)."""
+
+    task_type: str
+    id: int
+    lease_token: int
+
+
+def holder(attempt: Attempt) -> str:
+    """The member naming `attempt` in a slot set."""
+    return f"{attempt.id}:{attempt.lease_token}"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Slots granted to one claim: `slots` tasks may be claimed; pass it to `Limiter.confirm` afterwards."""
+
+    task_type: str
+    slots: int
+    reservation: str = ""  # the reservation holding them in Redis ("" when nothing is held)
+    keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,13 +210,19 @@ class Limiter:
         # After a failure Redis is left alone for a while: with the client's own retries each
         # call to a dead server can block for seconds, and the claim loop serves every type.
         self._retry_at = 0.0
+        self._reservation_prefix = f"r{secrets.token_hex(4)}."
+        self._reservation_numbers = itertools.count()  # next() on it is atomic: takes may come from threads
+        # Confirms Redis did not receive, sent again before the next take: until then their
+        # reservations hold the slots, and they must not expire with the attempts uncounted.
+        self._unconfirmed: deque[tuple[Grant, list[str]]] = deque()
+        self._lock = threading.Lock()
 
     @property
     def uses_redis(self) -> bool:
         return self._client is not None
 
-    def take(self, task_type: str, wanted: int, limit: int) -> int:
-        """Slots granted for a claim of up to `wanted` tasks (all of them when no limit applies).
+    def take(self, task_type: str, wanted: int, limit: int) -> Grant:
+        """Slots for a claim of up to `wanted` tasks (all of them when no limit applies); confirm them after the claim.
 
         Without Redis the limits are enforced inside the claim itself (see exact_room). If Redis is
         unreachable, a limited type claims nothing until it returns: waiting is safe, running over
@@ -119,49 +230,109 @@ class Limiter:
         """
         counters = _counters(task_type, limit)
         if not counters or self._client is None or wanted <= 0:
-            return wanted
+            return Grant(task_type, max(0, wanted))
         if time.monotonic() < self._retry_at:
-            return 0
-        keys = [counter_key(c.name) for c in counters]
+            return Grant(task_type, 0)
+        keys = tuple(slots_key(c.name) for c in counters)
+        reservation = f"{self._reservation_prefix}{next(self._reservation_numbers)}"
+        ttl = int(RESERVATION_TTL * 1000)
         try:
+            self._send_unconfirmed()
             for _ in range(2):
-                granted = int(self._client.eval(_TAKE, len(keys), *keys, wanted, *(c.limit for c in counters)))
+                granted = int(
+                    self._client.eval(_TAKE, len(keys), *keys, wanted, reservation, ttl, *(c.limit for c in counters))
+                )
                 if granted >= 0:
                     self._succeeded()
-                    return granted
-                self._initialise(counters)
+                    return Grant(task_type, granted, reservation, keys) if granted else Grant(task_type, 0)
+                self._rebuild(counters)
         except RedisError as exc:
             self._failed(f"not claiming limited types until Redis returns ({exc})")
-        return 0
+        return Grant(task_type, 0)
 
-    def give_back(self, task_type: str, count: int, limit: int) -> None:
-        """Return slots after the final database update of `count` attempts (or unused grants)."""
-        counters = _counters(task_type, limit)
-        if not counters or self._client is None or count <= 0:
+    def confirm(self, grant: Grant, claimed: Sequence[Attempt]) -> None:
+        """After the claim: hold the slots of the attempts `claimed` with `grant`, and give back the rest."""
+        if not grant.reservation:
             return
-        # A slot not given back leaves its counter too high, which is safe: reconcile_counters()
-        # corrects it, and a Redis that restarted empty recounts from the database anyway.
+        with self._lock:
+            self._unconfirmed.append((grant, [holder(a) for a in claimed]))
         if time.monotonic() < self._retry_at:
-            log.debug("Redis unavailable: %d slot(s) of %s left to reconciliation", count, task_type)
-            return
-        keys = [counter_key(c.name) for c in counters]
+            return  # sent before the next take
         try:
-            self._client.eval(_GIVE, len(keys), *keys, count)
+            self._send_unconfirmed()
             self._succeeded()
         except RedisError as exc:
-            self._failed(f"{count} slot(s) of {task_type} left to reconciliation ({exc})")
+            self._failed(f"{grant.slots} slot(s) of {grant.task_type} to confirm later ({exc})")
+
+    def release(self, attempts: Iterable[Attempt], limits: Mapping[str, int] | None = None) -> None:
+        """Give back the slots held by these attempts, after their final database update (idempotent).
+
+        `limits`: the concurrency limit of each task type (read from ScheduleCfg when not given).
+        """
+        if self._client is None:
+            return
+        attempts = list(attempts)
+        if limits is None:
+            limits = {t: cfg.concurrency_limit for t, cfg in configs.get_many({a.task_type for a in attempts}).items()}
+        held: dict[str, list[str]] = defaultdict(list)
+        everything = get_settings().GLOBAL_CONCURRENCY_LIMIT > 0
+        for attempt in attempts:
+            member = holder(attempt)
+            if limits.get(attempt.task_type, 0) > 0:
+                held[slots_key(attempt.task_type)].append(member)
+            if everything:
+                held[slots_key(GLOBAL)].append(member)
+        if not held:
+            return
+        # A slot not given back is safe (too few claims, never too many): reconcile_counters()
+        # frees it, and a set rebuilt after a Redis restart leaves finished attempts out anyway.
+        if time.monotonic() < self._retry_at:
+            log.debug("Redis unavailable: %d slot(s) left to reconciliation", len(attempts))
+            return
+        keys = list(held)
+        try:
+            self._client.eval(
+                _RELEASE, len(keys), *keys, *(len(held[k]) for k in keys), *(m for k in keys for m in held[k])
+            )
+            self._succeeded()
+        except RedisError as exc:
+            self._failed(f"{len(attempts)} slot(s) left to reconciliation ({exc})")
 
     def exact_db_limit(self, limit: int) -> int:
         """The per-type limit claim_batch must enforce in the database itself (0 when Redis does it)."""
         return limit if self._client is None else 0
 
-    def _initialise(self, counters: list[_Counter]) -> None:
-        # A claim granted by a Redis that has since restarted may still be committing; the window is
-        # one claim transaction, against an outage that lasted at least a reconnect.
-        counts = _processing_counts([c.name for c in counters])
-        keys = [counter_key(c.name) for c in counters]
-        self._client.eval(_INIT, len(keys), *keys, *(counts[c.name] for c in counters))
-        log.info("concurrency counters initialised from the database: %s", counts)
+    def _send_unconfirmed(self) -> None:
+        """Send the confirms Redis has not received yet; raises RedisError, keeping those not sent."""
+        while True:
+            with self._lock:
+                if not self._unconfirmed:
+                    return
+                grant, members = self._unconfirmed.popleft()
+            try:
+                keys = grant.keys
+                intact = int(self._client.eval(_CONFIRM, len(keys), *keys, grant.reservation, grant.slots, *members))
+            except RedisError:
+                with self._lock:
+                    self._unconfirmed.appendleft((grant, members))
+                raise
+            if members and intact < len(keys):
+                log.warning(
+                    "a claim of %d %s task(s) outlived its reservation (%.0fs) or Redis restarted: "
+                    "the limit may be exceeded until they end",
+                    len(members),
+                    grant.task_type,
+                    RESERVATION_TTL,
+                )
+
+    def _rebuild(self, counters: list[_Counter]) -> None:
+        # A claim whose slots were reserved in a Redis that has since restarted may still be
+        # committing; the window is one claim transaction, against an outage of at least a reconnect.
+        attempts = _processing_attempts([c.name for c in counters])
+        keys = [slots_key(c.name) for c in counters]
+        members = [attempts[c.name] for c in counters]
+        self._client.eval(_REBUILD, len(keys), *keys, *(len(m) for m in members), *itertools.chain(*members))
+        log.info("concurrency slots rebuilt from the database: %s", {c.name: len(attempts[c.name]) for c in counters})
 
     def _failed(self, what: str) -> None:
         if not self._failures:  # once per outage, not once per poll
@@ -183,29 +354,41 @@ def _counters(task_type: str, limit: int) -> list[_Counter]:
     return counters
 
 
-def _processing_counts(names: list[str]) -> dict[str, int]:
-    """Processing rows per task type in `names` (GLOBAL: all of them)."""
+def _processing_attempts(names: list[str]) -> dict[str, list[str]]:
+    """The processing attempts (as slot members) of each task type in `names` (GLOBAL: of all types)."""
     processing = Task.objects.filter(status=Status.PROCESSING)
     types = [n for n in names if n != GLOBAL]
-    counts = dict.fromkeys(names, 0)
-    if types:
-        rows = processing.filter(task_type__in=types).values("task_type").annotate(n=Count("id")).order_by()
-        counts.update({row["task_type"]: row["n"] for row in rows})
-    if GLOBAL in counts:
-        counts[GLOBAL] = processing.count()
-    return counts
+    if GLOBAL not in names:
+        processing = processing.filter(task_type__in=types)
+    attempts: dict[str, list[str]] = {n: [] for n in names}
+    wanted = set(types)
+    for task_id, token, task_type in processing.values_list("id", "lease_token", "task_type"):
+        member = f"{task_id}:{token}"
+        if task_type in wanted:
+            attempts[task_type].append(member)
+        if GLOBAL in attempts:
+            attempts[GLOBAL].append(member)
+    return attempts
+
+
+def held_slots(name: str) -> int | None:
+    """Slots held now in Redis for type `name` (GLOBAL: all types), by attempts and reservations; None if unknown."""
+    client = get_redis()
+    if client is None:
+        return None
+    held = int(client.eval(_HELD, 1, slots_key(name)))
+    return None if held < 0 else held
 
 
 def reconcile_counters() -> dict[str, int]:
-    """Correct every Redis concurrency counter to the processing rows it stands for; returns the values by type.
+    """Make the Redis slot sets hold exactly the processing attempts (plus live reservations); returns slots by type.
 
-    The global counter is reported as GLOBAL; counters of types without a limit are deleted (a
-    later limit initialises them afresh). A counter also holds slots of claims and reports in
-    progress, which no database count sees, so the drift (counter minus processing rows) is
-    measured twice, RECONCILE_GAP apart, and only what both show is removed, as a relative
-    change that keeps slots taken or given back meanwhile. The window left: a claim or report
-    stalled across both measurements looks like drift, and the counter ends up low by its size
-    until the next run. Returns {} without Redis, or when Redis is unreachable.
+    The global set is reported as GLOBAL; sets of types without a limit are deleted (a later limit
+    rebuilds them). The attempts held are read first, the processing rows second: an attempt held
+    before the rows were read and not processing in them has ended, whatever is in flight, so it is
+    freed; a processing attempt not held is added. Reservations are left to expire. Call it
+    outside a transaction, so the rows read are the latest committed. Returns {} without Redis,
+    or when Redis is unreachable.
     """
     client = get_redis()
     if client is None:
@@ -217,43 +400,41 @@ def reconcile_counters() -> dict[str, int]:
         names.append(GLOBAL)
     else:
         retired.append(GLOBAL)
+    keys = [slots_key(n) for n in names]
     try:
         if retired:
-            client.delete(*(counter_key(t) for t in retired))
+            client.delete(*(slots_key(t) for t in retired))
         if not names:
             return {}
-        first, _ = _drift(client, names)
-        time.sleep(RECONCILE_GAP)
-        second, counts = _drift(client, names)
-        drift = [_persistent(first[n], second[n]) for n in names]
-        keys = [counter_key(n) for n in names]
-        values = client.eval(_CORRECT, len(keys), *keys, *drift, *(counts[n] for n in names))
+        pipe = client.pipeline(transaction=False)
+        for k in keys:
+            pipe.zrangebyscore(k, "+inf", "+inf")
+        before = [{m.decode() if isinstance(m, bytes) else m for m in found} for found in pipe.execute()]
+        processing = _processing_attempts(names)
+        args: list[Any] = []
+        members: list[str] = []
+        freed: dict[str, int] = {}
+        added: dict[str, int] = {}
+        for name, held in zip(names, before, strict=True):
+            existed = _PRESENT in held
+            held.discard(_PRESENT)
+            now = set(processing[name])
+            free, add = sorted(held - now), sorted(now - held)
+            args.extend((int(existed), len(free), len(add)))
+            members.extend(free + add)
+            if free:
+                freed[name] = len(free)
+            if add:
+                added[name] = len(add)
+        values = client.eval(_CORRECT, len(keys), *keys, *args, *members)
     except RedisError as exc:
-        log.warning("could not reconcile concurrency counters (%s)", exc)
+        log.warning("could not reconcile concurrency slots (%s)", exc)
         return {}
-    corrected = {n: d for n, d in zip(names, drift, strict=True) if d}
-    if corrected:
-        log.warning("concurrency counters were off by %s; corrected", corrected)
-    return {name: int(value) for name, value in zip(names, values, strict=True)}
-
-
-def _drift(client: Any, names: list[str]) -> tuple[dict[str, int | None], dict[str, int]]:
-    """Each counter minus its processing rows (None: no counter), and the row counts."""
-    values = client.mget([counter_key(n) for n in names])
-    counts = _processing_counts(names)
-    drift = {n: None if v is None else int(v) - counts[n] for n, v in zip(names, values, strict=True)}
-    return drift, counts
-
-
-def _persistent(first: int | None, second: int | None) -> int:
-    """The part of a drift both measurements agree on (0 when they disagree in sign)."""
-    if first is None or second is None:
-        return 0
-    if first > 0 and second > 0:
-        return min(first, second)
-    if first < 0 and second < 0:
-        return max(first, second)
-    return 0
+    if freed:
+        log.warning("concurrency slots held by attempts no longer processing were freed: %s", freed)
+    if added:
+        log.info("concurrency slots of processing attempts Redis did not hold were added: %s", added)
+    return {name: int(value) for name, value in zip(names, values, strict=True) if int(value) >= 0}
 
 
 def exact_global_limit() -> int:

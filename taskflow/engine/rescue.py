@@ -4,8 +4,10 @@ Two clocks decide when an attempt is lost. Worker liveness: a worker whose Worke
 not been beaten for LIVENESS_TIMEOUT is dead, and all its attempts are rescued at once, however
 long they were allowed to run. The attempt deadline: `lease_expires_at`, extended only by the
 handler itself (ctx.heartbeat() or a checkpoint), so a stuck handler on a live worker loses its
-task too. A rescue ends the attempt as a failed one through `finish_attempts` (retried or failed
-by the same rules as any failed attempt), with a new fencing token, and gives its limiter slot back.
+task too. Both are judged by the database's clock, and checked again by the rescue's own UPDATE
+(a worker that beat, or a handler that heartbeated, since the rows were read keeps its task).
+A rescue ends the attempt as a failed one through `finish_attempts` (retried or failed by the
+same rules as any failed attempt), with a new fencing token, and gives its limiter slot back.
 """
 
 from __future__ import annotations
@@ -13,15 +15,15 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from ..conf import get_settings
 from ..models import Status, Task, WorkerProcess
-from . import sql
+from . import sql, workers
 from .attempts import ClaimedTask, Outcome, Report
 from .configs import configs
 from .finishing import finish_attempts
@@ -42,44 +44,50 @@ _COLUMNS = (*sql.CLAIM_COLUMNS, "worker_id", "started_at", "lease_expires_at")
 
 
 def rescue_dead_workers(now: datetime | None = None, keep_going: KeepGoing = _always) -> int:
-    """Take away every attempt of workers whose liveness heartbeat is older than LIVENESS_TIMEOUT."""
+    """Take away every attempt of workers whose liveness heartbeat is older than LIVENESS_TIMEOUT.
+
+    Ages are judged by the database's clock; `now` only stamps what the rescue writes.
+    """
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=get_settings().LIVENESS_TIMEOUT)
-    beats = dict(WorkerProcess.objects.values_list("worker_id", "heartbeat_at"))
-    dead = sorted(w for w, beat in beats.items() if beat < cutoff)
-    # Also attempts of a worker with no row at all (it stopped without reporting them, or its row
-    # was removed), once the attempt itself has shown no sign of life for the same timeout.
-    lost = Task.objects.filter(status=Status.PROCESSING).filter(
-        Q(worker_id__in=dead) | (Q(heartbeat_at__lt=cutoff) & ~Q(worker_id__in=list(beats)))
+    cutoff = workers.liveness_cutoff()
+    rows = WorkerProcess.objects.filter(worker_id=OuterRef("worker_id"))
+    # Dead: no beat since the cutoff. Also attempts of a worker with no row at all (it stopped
+    # without reporting them, or its row was removed), once the attempt itself has shown no sign
+    # of life for the same timeout. The guard checks the same again as each row changes.
+    lost = Task.objects.filter(
+        ~Exists(rows.filter(heartbeat_at__gte=cutoff)),
+        Exists(rows) | Q(heartbeat_at__lt=cutoff),
+        status=Status.PROCESSING,
     )
+    guard = sql.Guard.worker_silent(sql.task_table(), get_settings().LIVENESS_TIMEOUT)
 
     def reason(row: dict[str, Any]) -> str:
         return f"worker {row['worker_id']} stopped heartbeating"
 
-    outcomes, workers = _rescue(lost, sql.NO_GUARD, reason, now, keep_going)
+    outcomes, dead = _rescue(lost, guard, reason, now, keep_going)
     total = sum(outcomes.values())
     if total:
         log.info(
             "rescued %d task(s) of %d dead worker(s) (%d requeued, %d failed): %s",
             total,
-            len(workers),
+            len(dead),
             outcomes[Status.PENDING],
             outcomes[Status.FAILED],
-            ", ".join(sorted(workers)[:5]) + (" ..." if len(workers) > 5 else ""),
+            ", ".join(sorted(dead)[:5]) + (" ..." if len(dead) > 5 else ""),
         )
     return total
 
 
 def rescue_expired_attempts(now: datetime | None = None, keep_going: KeepGoing = _always) -> int:
-    """Take away attempts past their deadline (`lease_expires_at`) even though their worker lives."""
+    """Take away attempts past their deadline (`lease_expires_at`, by the database's clock) while their worker lives."""
     now = now or timezone.now()
-    expired = Task.objects.filter(status=Status.PROCESSING, lease_expires_at__lt=now)
+    expired = Task.objects.filter(status=Status.PROCESSING, lease_expires_at__lt=sql.database_now())
 
     def reason(row: dict[str, Any]) -> str:
         return f"attempt {row['attempts']} ran past its deadline without a heartbeat"
 
     # Guarded on the deadline too: a heartbeat between our read and our UPDATE keeps the task.
-    outcomes, _ = _rescue(expired, sql.Guard.deadline_passed(now), reason, now, keep_going)
+    outcomes, _ = _rescue(expired, sql.Guard.past_deadline(), reason, now, keep_going)
     total = sum(outcomes.values())
     if total:
         log.info(
@@ -100,7 +108,7 @@ def _rescue(
 ) -> tuple[Counter[str], set[str]]:
     """Rescue the attempts `lost` selects, in batches; returns new statuses counted, and the workers."""
     outcomes: Counter[str] = Counter()
-    workers: set[str] = set()
+    owners: set[str] = set()
     while keep_going():
         rows = [dict(zip(_COLUMNS, r, strict=True)) for r in lost.values_list(*_COLUMNS)[:RESCUE_BATCH]]
         if not rows:
@@ -108,12 +116,12 @@ def _rescue(
         reports = [rescue_report(row, reason(row), now) for row in rows]
         accepted = finish_attempts(reports, guard=guard, now=now)
         for report in accepted:
-            workers.add(report.task.worker_id)
+            owners.add(report.task.worker_id)
             outcomes[report.written["status"]] += 1  # type: ignore[index]
         # Rows whose guard failed were changed by someone else: reading them again cannot loop.
         if len(rows) < RESCUE_BATCH or not accepted:
             break
-    return outcomes, workers
+    return outcomes, owners
 
 
 def rescue_report(row: dict[str, Any], reason: str, now: datetime) -> Report:

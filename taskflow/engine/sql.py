@@ -10,19 +10,27 @@ numbered history tables once tables roll. Everything else changes tasks through 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+import string
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from functools import cache
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import DateTimeField
+from django.db.models.expressions import RawSQL
 from django.utils.dateparse import parse_datetime
 
-from ..models import Status, Task
+from ..models import Status, Task, TaskKey, WorkerProcess
 
 Adapter = Callable[[Any], Any]
 INSERT_BATCH = 1000  # rows per multi-row INSERT
+# Bytes of row data per multi-row INSERT. A statement must fit the server's packet limit (16 MiB
+# on a stock MariaDB); JSON text is ASCII, and quoting at most doubles it.
+INSERT_BYTES = 4_000_000
+ROW_BYTES = 1_000  # a row's columns besides payload and context, generously
 
 
 def task_table() -> str:
@@ -37,6 +45,32 @@ def quote(name: str) -> str:
 def column(name: str) -> str:
     """The quoted column of a Task field."""
     return quote(Task._meta.get_field(name).column)
+
+
+# -- transactions ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def transaction_of_statements() -> Iterator[None]:
+    """atomic() for a few statements outside any transaction, one round trip shorter on MySQL.
+
+    atomic() switches autocommit off, runs the statements, sends COMMIT and switches autocommit
+    back on; MySQL commits the open transaction itself when autocommit goes back on, so the COMMIT
+    is left out. Django sees manual transaction management meanwhile, so nothing inside may use
+    on_commit() or expect atomic()'s bookkeeping (ids are minted before, for their node lease).
+    """
+    if connection.vendor != "mysql" or connection.in_atomic_block or not connection.get_autocommit():
+        with transaction.atomic():  # (autocommit off: the caller manages the transaction; atomic() knows)
+            yield
+        return
+    connection.set_autocommit(False)
+    try:
+        yield
+    except BaseException:
+        connection.rollback()
+        raise
+    finally:
+        connection.set_autocommit(True)
 
 
 # -- values to and from the driver ------------------------------------------------------------------
@@ -79,6 +113,32 @@ def _as_is(value: Any) -> Any:
     return value
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two values are stored identically, so one literal may stand for both.
+
+    Python's == is too loose: True == 1 == 1.0 and 0.0 == -0.0, which JSON and the database tell
+    apart; so types must match all the way down (and dict keys in order, as the JSON text keeps it).
+    """
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is dict:
+        return len(a) == len(b) and (
+            not a
+            or all(
+                same_value(ka, kb) and same_value(va, vb)
+                for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=True)
+            )
+        )
+    if kind is list or kind is tuple:
+        return len(a) == len(b) and (not a or all(same_value(x, y) for x, y in zip(a, b, strict=True)))
+    if kind is float:
+        return repr(a) == repr(b)  # 0.0 and -0.0 are equal but written differently
+    return a == b
+
+
 def json_from_db(value: Any) -> Any:
     # Every backend hands JSON back as text here (Django tells psycopg not to decode jsonb).
     return json.loads(value) if isinstance(value, (str, bytes)) else value
@@ -96,39 +156,64 @@ def datetime_from_db() -> Adapter:
 
 
 def insert_tasks(table: str, tasks: list[Task]) -> None:
-    """INSERT new task rows with multi-row statements of up to INSERT_BATCH rows.
+    """INSERT new task rows with as many multi-row statements as `insert_batches` splits them into."""
+    for batch in insert_batches(tasks):
+        insert_batch(table, batch)
+
+
+def insert_batch(table: str, tasks: list[Task]) -> None:
+    """INSERT new task rows with one multi-row statement (see `insert_batches` for its size).
 
     Hand-built because the ORM's bulk_create prepares every field of every row one call at a time,
     which costs several times more than the database's own work for a table this wide. Columns
     whose value is the same for the whole batch are converted once.
     """
-    head, attnames, adapters, placeholders = _insert_plan(connection.vendor, table)
+    if not tasks:
+        return
+    head, attnames, getters, placeholders = _insert_plan(connection.vendor, connection.timezone_name, table)
     # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
     # once saves most of that. Other drivers bind parameters natively and gain nothing.
     connection.ensure_connection()  # the driver's own literal() is needed before any query ran
-    literal = connection.connection.literal if connection.vendor == "mysql" else None
-    for start in range(0, len(tasks), INSERT_BATCH):
-        chunk = tasks[start : start + INSERT_BATCH]
-        marks: list[str] = []
-        varying: list[int] = []
-        for i, name in enumerate(attnames):
-            first = getattr(chunk[0], name)
-            if literal is not None and all(getattr(t, name) == first for t in chunk):
-                rendered = literal(adapters[i](first))
-                marks.append((rendered.decode() if isinstance(rendered, bytes) else rendered).replace("%", "%%"))
-            else:
-                marks.append(placeholders[i])
-                varying.append(i)
-        getters = [_payload_getter if attnames[i] == "payload" else _getter(attnames[i], adapters[i]) for i in varying]
-        params: list[Any] = []
-        for task in chunk:
-            params.extend(get(task) for get in getters)
-        row_sql = "(" + ", ".join(marks) + ")"
-        with connection.cursor() as cursor:
-            cursor.execute(head + ", ".join([row_sql] * len(chunk)), params)
+    literal = _literal_renderer(connection.connection) if connection.vendor == "mysql" else None
+    others = tasks[1:]
+    marks: list[str] = []
+    varying: list[int] = []
+    for i, name in enumerate(attnames):
+        first = getattr(tasks[0], name)
+        if literal is not None and (
+            not others or all((value := getattr(t, name)) is first or same_value(value, first) for t in others)
+        ):
+            marks.append(literal(getters[i](tasks[0])))
+        else:
+            marks.append(placeholders[i])
+            varying.append(i)
+    params: list[Any] = []
+    if varying:
+        row_getters = [getters[i] for i in varying]
+        for task in tasks:
+            params.extend(get(task) for get in row_getters)
+    row_sql = "(" + ", ".join(marks) + ")"
+    with connection.cursor() as cursor:
+        cursor.execute(head + ", ".join([row_sql] * len(tasks)), params)
     for task in tasks:
         task._state.adding = False
         task._state.db = connection.alias
+
+
+def insert_batches(tasks: list[Task]) -> list[list[Task]]:
+    """`tasks` split into the multi-row INSERTs that `insert_tasks` sends: INSERT_BATCH rows or INSERT_BYTES each."""
+    if len(tasks) <= 1:
+        return [tasks] if tasks else []
+    batches: list[list[Task]] = [[]]
+    size = 0
+    for task in tasks:
+        row_size = ROW_BYTES + len(_payload_getter(task) or "") + (len(json_to_db(task.context)) if task.context else 2)
+        if batches[-1] and (len(batches[-1]) >= INSERT_BATCH or size + row_size > INSERT_BYTES):
+            batches.append([])
+            size = 0
+        batches[-1].append(task)
+        size += row_size
+    return batches
 
 
 def _getter(attname: str, adapt: Adapter) -> Any:
@@ -142,11 +227,150 @@ def _payload_getter(task: Task) -> Any:
 
 
 @cache
-def _insert_plan(vendor: str, table: str) -> tuple[str, list[str], list[Adapter], list[str]]:
-    """The INSERT's fixed parts for one vendor and table: its head, and each column's name, converter, marker."""
+def _insert_plan(
+    vendor: str, time_zone: str | None, table: str
+) -> tuple[str, list[str], list[Callable[[Task], Any]], list[str]]:
+    """The INSERT's fixed parts for one vendor and table: its head, and each column's name, value getter, marker."""
     fields = Task._meta.concrete_fields
     head = f"INSERT INTO {quote(table)} ({', '.join(quote(f.column) for f in fields)}) VALUES "
-    return head, [f.attname for f in fields], [to_db(f.name) for f in fields], [placeholder(f.name) for f in fields]
+    adapters = [to_db(f.name) for f in fields]
+    if vendor != "postgresql" and time_zone is not None:
+        # What Django's adapter does for MySQL and SQLite, without its per-call settings lookups.
+        zone = connection.timezone
+        adapters = [_naive_text(zone) if a is datetime_to_db else a for a in adapters]
+    getters = [
+        _payload_getter if f.attname == "payload" else _getter(f.attname, adapt)
+        for f, adapt in zip(fields, adapters, strict=True)
+    ]
+    return head, [f.attname for f in fields], getters, [placeholder(f.name) for f in fields]
+
+
+def _naive_text(zone: tzinfo) -> Adapter:
+    """Aware datetimes as the naive text, in the connection's time zone, that MySQL and SQLite store."""
+
+    def adapt(value: datetime | None) -> Any:
+        if value is None or value.tzinfo is None:
+            return datetime_to_db(value)
+        return str(value.astimezone(zone).replace(tzinfo=None))
+
+    return adapt
+
+
+# Short plain values (status, empty strings, zeros, NULL) recur in every row: quote them once.
+# Only text whose quoting cannot depend on the connection (charset, NO_BACKSLASH_ESCAPES) is kept.
+_LITERALS: dict[tuple[type, Any], str] = {}
+_LITERALS_MAX = 512
+_PLAIN = frozenset(string.ascii_letters + string.digits + " ._:-")
+
+
+def _literal_renderer(driver: Any) -> Callable[[Any], str]:
+    """A function rendering a driver value as SQL text, for mysqlclient connection `driver`."""
+
+    def render(value: Any) -> str:
+        kind = type(value)
+        short = value is None or kind is int or kind is bool or (kind is str and len(value) <= 16)
+        if short:
+            text = _LITERALS.get((kind, value))
+            if text is not None:
+                return text
+        rendered = driver.literal(value)
+        text = (rendered.decode() if isinstance(rendered, bytes) else rendered).replace("%", "%%")
+        if short and len(_LITERALS) < _LITERALS_MAX and (kind is not str or _PLAIN.issuperset(value)):
+            _LITERALS[(kind, value)] = text
+        return text
+
+    return render
+
+
+# -- identity (keyed enqueue) -------------------------------------------------------------------------
+
+
+def lock_task_key(task_type: str, key: str, version: int, now: datetime) -> int | None:
+    """Take the row lock of an identity's head, raising its version to `version` if that is newer.
+
+    Returns None if the head was created now (a brand-new key: no task of it exists), else the
+    newest version after this call: above `version` means `version` is stale. The lock is held
+    until the transaction ends, so concurrent requests for one key run one after another.
+    """
+    take, read = _task_key_statements(connection.vendor)
+    at = datetime_to_db(now)
+    mysql = connection.vendor == "mysql"
+    with connection.cursor() as cursor:
+        cursor.execute(take, [task_type, key, version, at, *((version, at) if mysql else ())])
+        if cursor.rowcount == 1:
+            return None
+        cursor.execute(read, [task_type, key] if mysql else [version, at, task_type, key])
+        return cursor.fetchone()[0]
+
+
+@cache
+def _task_key_statements(vendor: str) -> tuple[str, str]:
+    """lock_task_key's two statements: create the head if missing; read (elsewhere: lock, raise, read) it."""
+    qn = quote
+    table = qn(TaskKey._meta.db_table)
+    where = f"WHERE {qn('task_type')} = %s AND {qn('task_key')} = %s"
+    columns = ", ".join(qn(name) for name in ("task_type", "task_key", "version", "updated_at"))
+    insert = f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s)"
+    if vendor == "mysql":
+        # An upsert takes the exclusive lock of an existing row at once (INSERT IGNORE would take
+        # a shared one, and two requests upgrading theirs deadlock). It must always change an
+        # existing row, so MySQL reports 2 rows for it, not 1 as for an insert (Django connects
+        # with CLIENT_FOUND_ROWS, which counts an unchanged row as 1): updated_at moves forward.
+        upsert = (
+            f"{insert} ON DUPLICATE KEY UPDATE {qn('version')} = GREATEST({qn('version')}, %s), "
+            f"{qn('updated_at')} = GREATEST(%s, {qn('updated_at')} + INTERVAL 1 MICROSECOND)"
+        )
+        return upsert, f"SELECT {qn('version')} FROM {table} {where}"
+    # Elsewhere a conflict waits for a concurrent inserter to finish and takes no lock; the UPDATE
+    # takes it and returns the version.
+    greatest = "GREATEST" if vendor == "postgresql" else "MAX"
+    update = (
+        f"UPDATE {table} SET {qn('version')} = {greatest}({qn('version')}, %s), {qn('updated_at')} = %s {where} "
+        f"RETURNING {qn('version')}"
+    )
+    return f"{insert} ON CONFLICT DO NOTHING", update
+
+
+def find_task(table: str, task_type: str, key: str, version: int) -> Task | None:
+    """The task of one identity, if any."""
+    qn = quote
+    sql = f"SELECT * FROM {qn(table)} WHERE {qn('task_type')} = %s AND {qn('task_key')} = %s AND {qn('version')} = %s"
+    return next(iter(Task.objects.raw(sql, [task_type, key, version])), None)
+
+
+def supersede_older_versions(table: str, task_type: str, key: str, version: int, now: datetime) -> int:
+    """Mark every live older version of a key as superseded by `version`; waiting ones stop now.
+
+    A running one keeps its attempt: its report reads the mark (see update_attempts) and stops the
+    task instead of queueing it again. One statement, so each row is either still waiting (and
+    stopped here) or already running (and marked): a report landing in between cannot slip
+    through, and row locks order this statement and that report either way.
+    """
+    qn = quote
+    waiting = f"{qn('status')} = %s"
+    sql = (
+        # MySQL assigns left to right and later expressions see earlier assignments: status last.
+        f"UPDATE {qn(table)} SET "
+        f"{qn('status_msg')} = CASE WHEN {waiting} THEN %s ELSE {qn('status_msg')} END, "
+        f"{qn('finished_at')} = CASE WHEN {waiting} THEN %s ELSE {qn('finished_at')} END, "
+        f"{qn('updated_at')} = CASE WHEN {waiting} THEN %s ELSE {qn('updated_at')} END, "
+        f"{qn('superseded_by')} = %s, "
+        f"{qn('status')} = CASE WHEN {waiting} THEN %s ELSE {qn('status')} END "
+        f"WHERE {qn('task_type')} = %s AND {qn('task_key')} = %s AND {qn('version')} < %s "
+        f"AND {qn('status')} IN (%s, %s)"
+    )
+    at, pending = datetime_to_db(now), Status.PENDING.value
+    params = [
+        *(pending, f"superseded by version {version}"),
+        *(pending, at),
+        *(pending, at),
+        version,
+        *(pending, Status.STOPPED.value),
+        *(task_type, key, version, pending, Status.PROCESSING.value),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
 
 
 # -- claiming ------------------------------------------------------------------------------------------
@@ -236,12 +460,55 @@ class Guard:
     params: tuple[Any, ...] = field(default=())
 
     @classmethod
-    def deadline_passed(cls, now: datetime) -> Guard:
-        """Only attempts still past their deadline: a heartbeat that just extended it keeps the task."""
-        return cls(f"{column('lease_expires_at')} < %s", (datetime_to_db(now),))
+    def past_deadline(cls) -> Guard:
+        """Only attempts past their deadline by the database's clock: a heartbeat that just extended it wins."""
+        now, params = now_sql()
+        return cls(f"{column('lease_expires_at')} < {now}", tuple(params))
+
+    @classmethod
+    def worker_silent(cls, table: str, timeout: float) -> Guard:
+        """Only attempts whose worker has not beaten for `timeout` seconds by the database's clock, now.
+
+        A worker that was only stalled and beat again after the rescuer read its rows keeps its tasks.
+        An attempt of a worker without a liveness row must itself have been silent that long.
+        """
+        workers = quote(WorkerProcess._meta.db_table)
+        cutoff, params = now_sql(-timeout)
+        same_worker = f"{workers}.{quote('worker_id')} = {quote(table)}.{column('worker_id')}"
+        beat = f"{workers}.{quote('heartbeat_at')}"
+        return cls(
+            f"NOT EXISTS (SELECT 1 FROM {workers} WHERE {same_worker} AND {beat} >= {cutoff})"
+            f" AND ({quote(table)}.{column('heartbeat_at')} < {cutoff}"
+            f" OR EXISTS (SELECT 1 FROM {workers} WHERE {same_worker}))",
+            (*params, *params),
+        )
 
 
 NO_GUARD = Guard()
+
+
+# -- the database's clock -------------------------------------------------------------------------------
+
+
+def now_sql(shift: float = 0.0) -> tuple[str, list[Any]]:
+    """SQL for the database's current time plus `shift` seconds (UTC, as datetimes are stored), and its parameters.
+
+    Liveness and deadlines are compared on this one clock, so hosts whose clocks disagree cannot
+    make a live worker look dead.
+    """
+    if connection.vendor == "postgresql":
+        return "(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second')", [shift]
+    if connection.vendor == "mysql":
+        # UTC_TIMESTAMP, not NOW(): Django stores naive UTC whatever the session's time zone is.
+        return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(shift * 1_000_000)]
+    # SQLite stores datetimes as ISO text, which compares in time order.
+    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{shift:+.6f} seconds"]
+
+
+def database_now(shift: float = 0.0) -> RawSQL:
+    """The database's current time plus `shift` seconds, as an ORM expression (for filters and updates)."""
+    now, params = now_sql(shift)
+    return RawSQL(now, params, output_field=DateTimeField())
 
 
 def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, guard: Guard = NO_GUARD) -> int:
@@ -249,23 +516,41 @@ def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, gua
 
     Columns equal across the rows are set once, the others through `CASE id`. Only rows still
     `processing` under `token` (and matching `guard`) change, so a late report changes nothing.
+    A row going back to pending whose task was superseded by a newer version meanwhile is stopped
+    instead (see supersede_older_versions): the UPDATE reads the mark under the row lock, so an
+    enqueue committing between the report's decision and this statement cannot be missed.
     """
     qn = quote
     ids = list(rows)
+    requeued = [i for i in ids if rows[i].get("status") == Status.PENDING]
     assignments: list[str] = []
     params: list[Any] = []
-    for name in next(iter(rows.values())):
+    columns = list(next(iter(rows.values())))
+    if requeued and "finished_at" not in columns:
+        columns.append("finished_at")
+    for name in columns:
         convert, mark = to_db(name), placeholder(name)
-        values = [rows[i][name] for i in ids]
-        first = values[0]
-        if all(v == first and type(v) is type(first) for v in values):
-            assignments.append(f"{column(name)} = {mark}")
-            params.append(convert(first))
+        if name not in rows[ids[0]]:
+            value_sql, value_params = column(name), []  # added only to be set when superseded
         else:
-            whens = " ".join([f"WHEN %s THEN {mark}"] * len(ids))
-            assignments.append(f"{column(name)} = CASE {qn('id')} {whens} END")
-            for i, v in zip(ids, values, strict=True):
-                params.extend((i, convert(v)))
+            values = [rows[i][name] for i in ids]
+            first = values[0]
+            if all(same_value(v, first) for v in values):
+                value_sql, value_params = mark, [convert(first)]
+            else:
+                value_sql = f"CASE {qn('id')} {' '.join([f'WHEN %s THEN {mark}'] * len(ids))} END"
+                value_params = [p for i, v in zip(ids, values, strict=True) for p in (i, convert(v))]
+        if requeued and name in ("status", "status_msg", "finished_at"):
+            superseded = f"{qn('superseded_by')} IS NOT NULL"
+            superseded_params: list[Any] = []
+            if len(requeued) < len(ids):
+                superseded += f" AND {qn('id')} IN ({', '.join(['%s'] * len(requeued))})"
+                superseded_params = list(requeued)
+            stopped_sql, stopped_params = _superseded_value(name, rows[requeued[0]]["updated_at"])
+            value_sql = f"CASE WHEN {superseded} THEN {stopped_sql} ELSE {value_sql} END"
+            value_params = [*superseded_params, *stopped_params, *value_params]
+        assignments.append(f"{column(name)} = {value_sql}")
+        params.extend(value_params)
     where = f"{qn('id')} IN ({', '.join(['%s'] * len(ids))}) AND {qn('status')} = %s AND {qn('lease_token')} = %s"
     params.extend(ids)
     params.extend((Status.PROCESSING.value, token))
@@ -275,6 +560,19 @@ def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, gua
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {qn(table)} SET {', '.join(assignments)} WHERE {where}", params)
         return cursor.rowcount
+
+
+def _superseded_value(name: str, now: datetime) -> tuple[str, list[Any]]:
+    """What a superseded task's column becomes instead of being queued again."""
+    if name == "status":
+        return "%s", [Status.STOPPED.value]
+    if name == "finished_at":
+        return "%s", [datetime_to_db(now)]
+    return _concat("'superseded by version '", column("superseded_by")), []
+
+
+def _concat(*parts: str) -> str:
+    return f"CONCAT({', '.join(parts)})" if connection.vendor == "mysql" else " || ".join(parts)
 
 
 def ids_written_at(table: str, ids: Iterable[int], token: int, updated_at: datetime) -> set[int]:

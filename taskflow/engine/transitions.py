@@ -4,6 +4,11 @@
 hand-back; the worker's reports, taskwatch's rescues and the API's reports all go through it (via
 `finishing.finish_attempts`), so a rescued attempt is retried or failed by the same rules as any
 failed one, and a task that always times out ends failed instead of running forever.
+
+One decision is left to the UPDATE that writes these changes: a task going back to pending whose
+newer version was enqueued meanwhile is stopped instead (`sql.update_attempts` reads the
+`superseded_by` mark under the row lock, so an enqueue committing after this function ran is
+not missed).
 """
 
 from __future__ import annotations

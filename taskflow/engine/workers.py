@@ -1,7 +1,8 @@
 """The registry of live workers: each worker process beats its WorkerProcess row on its own.
 
 Kept apart from any task's deadline: a worker that is alive but running a stuck handler still
-beats, and a dead worker stops beating however long its tasks were allowed to run.
+beats, and a dead worker stops beating however long its tasks were allowed to run. Beats are
+written and judged by the database's clock, so a worker host whose clock is off cannot look dead.
 """
 
 from __future__ import annotations
@@ -9,20 +10,20 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.utils import timezone
+from django.db.models.expressions import RawSQL
 
 from ..conf import get_settings
 from ..models import Status, Task, WorkerProcess
+from . import sql
 
 log = logging.getLogger("taskflow.watch")
 
 
 def beat(worker_id: str, host: str, task_types: list[str], concurrency: int, pid: int | None = None) -> None:
     """Record that `worker_id` is alive now (registering it on its first beat)."""
-    now = timezone.now()
-    updated = WorkerProcess.objects.filter(worker_id=worker_id).update(heartbeat_at=now)
+    updated = WorkerProcess.objects.filter(worker_id=worker_id).update(heartbeat_at=sql.database_now())
     if not updated:
         WorkerProcess.objects.create(
             worker_id=worker_id,
@@ -30,9 +31,14 @@ def beat(worker_id: str, host: str, task_types: list[str], concurrency: int, pid
             pid=os.getpid() if pid is None else pid,
             task_types=task_types,
             concurrency=concurrency,
-            started_at=now,
-            heartbeat_at=now,
+            started_at=sql.database_now(),
+            heartbeat_at=sql.database_now(),
         )
+
+
+def liveness_cutoff() -> RawSQL:
+    """The moment, by the database's clock, before which a worker's last beat means it is dead."""
+    return sql.database_now(-get_settings().LIVENESS_TIMEOUT)
 
 
 def forget(worker_id: str) -> None:
@@ -41,10 +47,11 @@ def forget(worker_id: str) -> None:
 
 
 def reap_dead_worker_rows(now: datetime | None = None, keep_going: Callable[[], bool] = lambda: True) -> int:
-    """Delete liveness rows of dead workers once none of their attempts remains processing."""
-    now = now or timezone.now()
-    cutoff = now - timedelta(seconds=get_settings().LIVENESS_TIMEOUT)
-    dead = list(WorkerProcess.objects.filter(heartbeat_at__lt=cutoff).values_list("worker_id", flat=True))
+    """Delete liveness rows of dead workers once none of their attempts remains processing.
+
+    Who is dead is decided by the database's clock; `now` is accepted as by every duty, unused.
+    """
+    dead = list(WorkerProcess.objects.filter(heartbeat_at__lt=liveness_cutoff()).values_list("worker_id", flat=True))
     if not dead or not keep_going():
         return 0
     busy = set(
@@ -52,7 +59,8 @@ def reap_dead_worker_rows(now: datetime | None = None, keep_going: Callable[[], 
     )
     idle = [w for w in dead if w not in busy]
     # Guarded on the stale beat: a worker that beats again in between keeps its row.
-    count = WorkerProcess.objects.filter(worker_id__in=idle, heartbeat_at__lt=cutoff).delete()[0] if idle else 0
+    stale = WorkerProcess.objects.filter(worker_id__in=idle, heartbeat_at__lt=liveness_cutoff())
+    count = stale.delete()[0] if idle else 0
     if count:
         log.info("removed %d dead worker row(s)", count)
     return count

@@ -199,18 +199,18 @@ class Worker:
                 self._backlog.add(task_type)  # a report flush wakes the loop when slots free
                 continue
             wanted = min(free, cfg.schedule_limit)
-            granted = self.limiter.take(task_type, wanted, cfg.concurrency_limit)
+            grant = self.limiter.take(task_type, wanted, cfg.concurrency_limit)
             tasks: list[ClaimedTask] = []
             try:
                 tasks = claim_batch(
                     cfg,
-                    granted,
+                    grant.slots,
                     self.worker_id,
                     host=self.host,
                     exact_limit=self.limiter.exact_db_limit(cfg.concurrency_limit),
                 )
             finally:
-                self.limiter.give_back(task_type, granted - len(tasks), cfg.concurrency_limit)
+                self.limiter.confirm(grant, tasks)
             if tasks:
                 claimed_any = True
                 with self._lock:
