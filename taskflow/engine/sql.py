@@ -605,7 +605,7 @@ def update_tasks_expecting(
         convert, mark = to_db(name), placeholder(name)
         changing = [i for i in ids if name in writes[i]]
         values = [writes[i][name] for i in changing]
-        if len(changing) == len(ids) and all(_same_value(v, values[0]) for v in values):
+        if len(changing) == len(ids) and all(same_value(v, values[0]) for v in values):
             assignments.append(f"{column(name)} = {mark}")
             params.append(convert(values[0]))
             continue
@@ -629,8 +629,3 @@ def update_tasks_expecting(
         )
         return {row[0] for row in cursor.fetchall()}
 
-
-def _same_value(a: Any, b: Any) -> bool:
-    """Equal and of the same JSON shape: True and 1, or 0.0 and 0, are different values to store."""
-    same_json = json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
-    return type(a) is type(b) and same_json

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('taskflow', '0003_id_nodes'),
+        ('taskflow', '0004_superseded_by'),
     ]
 
     operations = [
