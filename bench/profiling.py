@@ -39,7 +39,7 @@ CATEGORIES: list[tuple[str, str, str]] = [
     ("    row_changes", "taskflow/engine/transitions.py", "row_changes"),
     ("    update_attempts (SQL build + run)", "taskflow/engine/sql.py", "update_attempts"),
     ("handler dispatch (Worker._execute)", "taskflow/runtime/worker.py", "_execute"),
-    ("  validate_json (result check)", "taskflow/engine/validation.py", "validate_json"),
+    ("  json_text (result check)", "taskflow/engine/validation.py", "json_text"),
     ("config cache (configs.get_many)", "taskflow/engine/configs.py", "get_many"),
     ("liveness heartbeat thread", "taskflow/runtime/liveness.py", ""),
     ("wake-up listener thread", "taskflow/engine/wakeup.py", ""),
@@ -51,11 +51,11 @@ CATEGORIES: list[tuple[str, str, str]] = [
 
 # Threads of a worker process, recognised by a function on their stack.
 ROLES: list[tuple[str, str]] = [
-    ("claim loop (main thread)", "Worker._claim_loop"),
-    ("reporter thread", "Worker._reporter_loop"),
-    ("handler threads (all of them)", "Worker._handler_loop"),
-    ("liveness thread", "LivenessBeat.run"),
-    ("wake-up listener thread", "RedisListener.run"),
+    ("claim loop (main thread)", "Worker._claim_step"),
+    ("reporter thread", "Worker._report_step"),
+    ("handler threads (all of them)", "Worker._handler_step"),
+    ("liveness thread", "LivenessBeat._beat_and_wait"),
+    ("wake-up listener thread", "RedisListener.listen"),
 ]
 
 

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,11 +117,24 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval:
         time.sleep(interval)
 
 
+def run_in_thread(worker) -> tuple[threading.Thread, list[BaseException]]:  # noqa: ANN001
+    """Run `worker.run()` on a daemon thread; what it raises is appended to the returned list."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, name="test-worker", daemon=True)
+    thread.start()
+    return thread, raised
+
+
 @pytest.fixture
 def start_worker(transactional_db, run_log: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., object]]:
     """Run an in-process Worker on a thread (handlers log to `run_log`); each is stopped at teardown."""
-    import threading
-
     from taskflow.runtime.worker import Worker
 
     monkeypatch.setenv("TASKFLOW_TEST_LOG", str(run_log))

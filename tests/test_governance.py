@@ -21,7 +21,7 @@ from taskflow.engine.limiter import Limiter, held_slots
 from taskflow.models import ScheduleCfg, Status, Task, WorkerProcess
 from taskflow.runtime.worker import TooManyStuckHandlers, Worker
 
-from .conftest import wait_until
+from .conftest import run_in_thread, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -325,16 +325,7 @@ def test_worker_stops_when_too_many_handlers_are_stuck():
     for _ in range(2):
         taskflow.enqueue("test.sleep", {"seconds": 3}, timeout=1)
     worker = Worker(["test.sleep"], concurrency=1, max_stuck=1, grace=1)
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread, raised = run_in_thread(worker)
     thread.join(timeout=60)
     assert not thread.is_alive(), "the worker kept running with every handler stuck"
     assert [type(e) for e in raised] == [TooManyStuckHandlers]

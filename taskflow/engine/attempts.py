@@ -122,6 +122,7 @@ class Report:
     delay: float = 0.0
     next_stage: NextStage | None = None
     cost_ms: int = 0
+    result_size: int | None = None  # bytes of the result as JSON, if already measured (the worker does)
     written: dict[str, Any] | None = None  # the columns finish_attempts wrote, once accepted
 
 

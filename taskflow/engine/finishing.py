@@ -4,16 +4,29 @@ The worker's reports, taskwatch's rescues, operator actions and the HTTP API all
 through `finish_attempts`: it decides each row's changes with the state machine, writes them with
 guarded UPDATEs, gives each accepted attempt's limiter slot back exactly once, and wakes workers
 for work it made due.
+
+One report must never hold back the others. Statements are bounded by rows and by bytes (MySQL
+refuses a packet over max_allowed_packet, 16 MiB by default). A write that fails while the
+database still answers is tried again in halves until the report it choked on is alone; that
+report's task is then failed with the database's message and the others land. A write that fails
+because the database is gone, or because another transaction held its locks too long (a lock
+timeout, a deadlock), is not a refusal: nothing is failed, the error is raised, and the caller keeps
+the reports to try again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
+import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ..models import ScheduleCfg, Status
@@ -22,6 +35,19 @@ from .attempts import Outcome, Report
 from .configs import configs
 from .limiter import Limiter
 from .transitions import row_changes
+
+log = logging.getLogger("taskflow.finishing")
+
+MAX_STATEMENT_ROWS = 500
+# Values per UPDATE: a quarter of MySQL's default max_allowed_packet, since quoting can double text.
+MAX_STATEMENT_BYTES = 4 * 1024 * 1024
+ROW_BYTES = 2048  # what a row's bounded columns (schedule log, timestamps, ids) add up to at most
+# A lone report whose write keeps failing on a database that answers, with an error that is not
+# about its values (a lost connection, say): tries before it counts as refused. An oversized row
+# fails every time; a passing failure does not.
+REFUSAL_TRIES = 3
+
+Row = tuple[Report, dict[str, Any]]  # a report and the columns it writes
 
 
 def finish_attempts(
@@ -35,7 +61,9 @@ def finish_attempts(
     """Write the end of these attempts; returns the reports accepted (the others' attempts were taken away).
 
     Reports of lost attempts (Outcome.LOST) write nothing; a report repeated for the same attempt
-    is written once.
+    is written once. A report the database refuses fails its task instead (`written` holds what was
+    written). If the database cannot be reached this raises; the reports written before that have
+    `written` set (and their slots given back), and the others may be finished again later.
     """
     now = now or timezone.now()
     unique: dict[tuple[int, int], Report] = {}
@@ -46,41 +74,170 @@ def finish_attempts(
         return []
     live = list(unique.values())
     cfgs = cfgs if cfgs is not None else configs.get_many({r.task.task_type for r in live})
-    accepted, changes = _write(sql.task_table(), live, cfgs, guard, now)
-    for report in accepted:
-        report.written = changes[report.task.id]
-    _give_slots_back(accepted, cfgs, limiter)
-    # Requeued work that is due now (retries without delay, next stages, hand-backs): look at once.
-    due = {r.task.task_type for r in accepted if _due_now(changes[r.task.id], now)}
-    if due:
-        wakeup.publish(due)
+    rows = [(report, _changes(report, cfgs[report.task.task_type], now)) for report in live]
+    accepted: list[Report] = []
+    try:
+        _write_isolating(sql.task_table(), rows, cfgs, guard, now, accepted)
+    finally:
+        # Also when an outage stopped the rest: what was written keeps its slots and wake-ups right.
+        _give_slots_back(accepted, cfgs, limiter)
+        # Requeued work that is due now (retries without delay, next stages, hand-backs): look at once.
+        due = {r.task.task_type for r in accepted if _due_now(r.written, now)}
+        if due:
+            wakeup.publish(due)
     return accepted
 
 
-def _write(
-    table: str, reports: list[Report], cfgs: dict[str, ScheduleCfg], guard: sql.Guard, now: datetime
-) -> tuple[list[Report], dict[int, dict[str, Any]]]:
-    # One UPDATE per group of rows sharing a token and the set of columns written.
-    groups: dict[tuple[int, frozenset[str]], dict[int, Report]] = defaultdict(dict)
-    changes: dict[int, dict[str, Any]] = {}
-    for report in reports:
-        row = row_changes(report, cfgs[report.task.task_type], now)
-        changes[report.task.id] = row
-        groups[(report.task.lease_token, frozenset(row))][report.task.id] = report
-    accepted: list[Report] = []
-    # All groups or none, so a retried flush never mistakes its own earlier writes for stale
-    # reports; a single UPDATE is atomic by itself and skips the transaction's round trips.
-    with transaction.atomic() if len(groups) > 1 else nullcontext():
-        for (token, _), group in groups.items():
-            count = sql.update_attempts(table, {tid: changes[tid] for tid in group}, token, guard)
-            if count == len(group):
-                accepted.extend(group.values())
+def _changes(report: Report, cfg: ScheduleCfg, now: datetime) -> dict[str, Any]:
+    try:
+        return row_changes(report, cfg, now)
+    except Exception as exc:  # a report carrying something the state machine cannot use
+        reason = f"its end could not be recorded: {type(exc).__name__}: {exc}"
+        log.warning("task %s: %s; the task is failed", report.task.id, reason)
+        return row_changes(_failure(report, reason), cfg, now)
+
+
+def _failure(report: Report, reason: str) -> Report:
+    return Report(report.task, Outcome.FAIL, error=reason, cost_ms=report.cost_ms)
+
+
+def _write_isolating(
+    table: str, rows: list[Row], cfgs: dict[str, ScheduleCfg], guard: sql.Guard, now: datetime, accepted: list[Report]
+) -> None:
+    """Write `rows`, failing instead the task of any report the database refuses (see the module doc)."""
+    tries = 0
+    while True:
+        try:
+            written = _write(table, rows, guard, now)
+        except Exception as exc:
+            if sql.is_lock_conflict(exc) or not _database_answers():
+                # Another transaction's locks, or an outage: nothing of this part was written and
+                # nothing is wrong with it; the caller tries again later.
+                raise
+            if len(rows) > 1:
+                break
+            tries += 1
+            if _refusal(exc) or tries >= REFUSAL_TRIES:
+                _fail_refused(table, rows[0][0], cfgs, exc, guard, now, accepted)
+                return
+            time.sleep(0.05 * tries)  # e.g. the connection was lost and the server is back already
+            continue
+        for report, changes in written:
+            report.written = changes
+            accepted.append(report)
+        return
+    half = len(rows) // 2
+    _write_isolating(table, rows[:half], cfgs, guard, now, accepted)
+    _write_isolating(table, rows[half:], cfgs, guard, now, accepted)
+
+
+def _refusal(exc: Exception) -> bool:
+    # Errors about the values sent; anything that is not a database error (a value the driver could
+    # not convert) too. Other database errors may be passing (locks) and are tried again first.
+    return isinstance(exc, (IntegrityError, DataError)) or not isinstance(exc, DatabaseError)
+
+
+def _fail_refused(
+    table: str,
+    report: Report,
+    cfgs: dict[str, ScheduleCfg],
+    exc: Exception,
+    guard: sql.Guard,
+    now: datetime,
+    accepted: list[Report],
+) -> None:
+    """Fail the task of a refused report with the database's message: the smallest write there is."""
+    refused_by = "the database refused" if isinstance(exc, DatabaseError) else "could not write"
+    reason = f"{refused_by} this attempt's report: {type(exc).__name__}: {exc}"
+    log.warning("task %s: %s; the task is failed", report.task.id, reason)
+    changes = row_changes(_failure(report, reason), cfgs[report.task.task_type], now)
+    try:
+        written = _write(table, [(report, changes)], guard, now)
+    except Exception as again:
+        if sql.is_lock_conflict(again) or not _database_answers():
+            raise
+        log.error(
+            "task %s: its failure could not be written either (%s: %s); it stays processing until taskwatch "
+            "takes it away",
+            report.task.id,
+            type(again).__name__,
+            again,
+        )
+        return
+    if written:
+        report.written = changes
+        accepted.append(report)
+
+
+def _write(table: str, rows: list[Row], guard: sql.Guard, now: datetime) -> list[Row]:
+    """Write `rows` in one transaction; returns those whose attempt was still theirs to end."""
+    # One UPDATE per group of rows sharing a token and the set of columns written, cut to size.
+    groups: dict[tuple[int, frozenset[str]], list[Row]] = defaultdict(list)
+    for report, changes in rows:
+        groups[(report.task.lease_token, frozenset(changes))].append((report, changes))
+    statements = [chunk for group in groups.values() for chunk in _chunks(group)]
+    accepted: list[Row] = []
+    # All statements or none, so a retried flush never mistakes its own earlier writes for stale
+    # reports; a single UPDATE is atomic by itself and skips the transaction's round trips. Inside
+    # the caller's transaction a savepoint keeps a refused statement from spoiling it.
+    atomic = len(statements) > 1 or connection.in_atomic_block
+    with transaction.atomic() if atomic else nullcontext():
+        for chunk in statements:
+            token = chunk[0][0].task.lease_token
+            by_id = {report.task.id: (report, changes) for report, changes in chunk}
+            count = sql.update_attempts(table, {tid: changes for tid, (_, changes) in by_id.items()}, token, guard)
+            if count == len(by_id):
+                accepted.extend(by_id.values())
             elif count:
                 # Some were stale: ours are exactly those now carrying this write's timestamp.
-                written_token = changes[next(iter(group))].get("lease_token", token)
-                mine = sql.ids_written_at(table, group, written_token, now)
-                accepted.extend(r for tid, r in group.items() if tid in mine)
-    return accepted, changes
+                written_token = chunk[0][1].get("lease_token", token)
+                mine = sql.ids_written_at(table, by_id, written_token, now)
+                accepted.extend(row for tid, row in by_id.items() if tid in mine)
+    return accepted
+
+
+def _chunks(rows: list[Row]) -> Iterator[list[Row]]:
+    chunk: list[Row] = []
+    size = 0
+    for row in rows:
+        row_size = _estimated_bytes(row)
+        if chunk and (len(chunk) >= MAX_STATEMENT_ROWS or size + row_size > MAX_STATEMENT_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(row)
+        size += row_size
+    if chunk:
+        yield chunk
+
+
+def _estimated_bytes(row: Row) -> int:
+    report, changes = row
+    size = ROW_BYTES + len(changes.get("status_msg", ""))
+    if changes.get("result") is not None:
+        # The worker measured its result when it checked it; others (rare) are measured here.
+        size += report.result_size if report.result_size is not None else len(json.dumps(changes["result"]))
+    if changes.get("context") is not None:
+        size += len(json.dumps(changes["context"]))
+    return size
+
+
+def _database_answers() -> bool:
+    """Whether the database answers now, on a new connection if this one broke.
+
+    Asked after a failed write: if it answers, the write failed because of what it carried.
+    """
+    if connection.in_atomic_block:
+        # The caller's transaction cannot move to a new connection; the savepoint kept this one usable.
+        return connection.connection is not None and connection.is_usable()
+    if connection.connection is not None and connection.is_usable():
+        return True
+    with contextlib.suppress(DatabaseError):
+        connection.close()
+    try:
+        connection.ensure_connection()
+    except DatabaseError:
+        return False
+    return connection.is_usable()
 
 
 def _give_slots_back(accepted: list[Report], cfgs: dict[str, ScheduleCfg], limiter: Limiter | None) -> None:
@@ -95,5 +252,5 @@ def _give_slots_back(accepted: list[Report], cfgs: dict[str, ScheduleCfg], limit
     transaction.on_commit(lambda: limiter.release(attempts, limits))
 
 
-def _due_now(changes: dict[str, Any], now: datetime) -> bool:
-    return changes.get("status") == Status.PENDING and changes.get("run_after", now) <= now
+def _due_now(changes: dict[str, Any] | None, now: datetime) -> bool:
+    return changes is not None and changes.get("status") == Status.PENDING and changes.get("run_after", now) <= now

@@ -629,3 +629,20 @@ def update_tasks_expecting(
         )
         return {row[0] for row in cursor.fetchall()}
 
+
+# -- errors ------------------------------------------------------------------------------------------
+
+_MYSQL_LOCK_CONFLICTS = {1205, 1213}  # lock wait timeout, deadlock
+_POSTGRES_LOCK_CONFLICTS = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock timeout
+
+
+def is_lock_conflict(exc: BaseException) -> bool:
+    """Whether a database error says the statement waited too long for, or lost to, another's locks.
+
+    Run again later, such a statement may well succeed: it says nothing about the values it carried.
+    """
+    if connection.vendor == "mysql":
+        return bool(exc.args) and exc.args[0] in _MYSQL_LOCK_CONFLICTS
+    if connection.vendor == "postgresql":
+        return getattr(exc.__cause__, "sqlstate", None) in _POSTGRES_LOCK_CONFLICTS
+    return "is locked" in str(exc)  # SQLite: "database is locked", "database table is locked"

@@ -6,6 +6,7 @@ at most one poll interval and never loses it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 from django.db import transaction
 
-from .redis import get_redis, key
+from .redis import RedisError, get_redis, key
 
 log = logging.getLogger("taskflow.wakeup")
 MERGE_WINDOW = 0.002  # seconds
@@ -49,18 +50,22 @@ class _Publisher:
     """
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._pending: set[str] = set()
         self._ready = threading.Event()
-        self._owner_pid = 0
+        self._thread: threading.Thread | None = None
 
     def send(self, task_types: set[str]) -> None:
         with self._lock:
             self._pending |= task_types
-            # After a fork the child has no publisher thread (only the parent's memory): start one.
-            if self._owner_pid != os.getpid():
-                self._owner_pid = os.getpid()
-                threading.Thread(target=self._run, name="taskflow-wakeup-publisher", daemon=True).start()
+            # Started on first use (in a fork child too), and again if it died: a dead publisher
+            # must not silence wake-ups for the rest of the process's life.
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="taskflow-wakeup-publisher", daemon=True)
+                self._thread.start()
         self._ready.set()
 
     def _run(self) -> None:
@@ -73,14 +78,18 @@ class _Publisher:
                 continue
             try:
                 get_redis().publish(channel(), ",".join(sorted(types)))
-            except Exception as exc:  # polling covers a missed wake-up
+            except RedisError as exc:  # polling covers a missed wake-up
                 log.warning("wake-up publish failed: %s", exc)
+            except Exception:
+                log.exception("wake-up publish failed unexpectedly")
             # Under a stream of enqueues, what arrives in the next moment goes out as one message;
             # an isolated enqueue is published at once, so this adds latency only under load.
             time.sleep(MERGE_WINDOW)
 
 
 _publisher = _Publisher()
+# A fork child starts afresh: the parent's lock may have been held by its publisher at the fork.
+os.register_at_fork(after_in_child=_publisher._reset)
 
 
 def add_local_listener(listener: Listener) -> None:
@@ -92,29 +101,32 @@ def remove_local_listener(listener: Listener) -> None:
         _local.remove(listener)
 
 
-class RedisListener(threading.Thread):
-    """Subscribes to the wake-up channel and calls `on_wakeup` with the announced types."""
+class RedisListener:
+    """Subscribes to the wake-up channel and calls `on_wakeup` with the announced types.
+
+    `listen` is one subscription; the worker runs it as a supervised loop, which waits out a Redis
+    outage and subscribes again.
+    """
 
     def __init__(self, on_wakeup: Listener, stop: threading.Event) -> None:
-        super().__init__(name="taskflow-wakeup", daemon=True)
         self.on_wakeup, self.stop = on_wakeup, stop
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            client = get_redis()
-            if client is None:
-                return
-            try:
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(channel())
-                # Anything published while we were (re)connecting was missed: look once.
-                self.on_wakeup(set())
-                while not self.stop.is_set():
-                    message = pubsub.get_message(timeout=0.5)
-                    if message and message.get("type") == "message":
-                        data = message["data"].decode() if isinstance(message["data"], bytes) else message["data"]
-                        self.on_wakeup({t for t in data.split(",") if t})
+    def listen(self) -> bool:
+        """Listen until `stop` is set (then return False); raises when Redis fails."""
+        client = get_redis()
+        if client is None:
+            return False
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(channel())
+            # Anything published while we were (re)connecting was missed: look once.
+            self.on_wakeup(set())
+            while not self.stop.is_set():
+                message = pubsub.get_message(timeout=0.5)
+                if message and message.get("type") == "message":
+                    data = message["data"].decode() if isinstance(message["data"], bytes) else message["data"]
+                    self.on_wakeup({t for t in data.split(",") if t})
+        finally:
+            with contextlib.suppress(Exception):  # a broken connection may fail to close; it is dropped anyway
                 pubsub.close()
-            except Exception as exc:
-                log.warning("wake-up listener lost Redis (%s); polling until it returns", exc)
-                self.stop.wait(1.0 + time.monotonic() % 1)
+        return False

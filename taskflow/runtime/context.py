@@ -44,7 +44,11 @@ class TaskContext:
         self.checkpoint = value
 
     def snooze(self, delay: float, reason: str = "") -> NoReturn:
-        """End this attempt and run again after `delay` seconds, without using up an attempt."""
+        """End this attempt and run again after `delay` seconds (0 to a year), without using up an attempt.
+
+        Like fail() and next_stage(), raises InvalidTask instead when an argument is malformed; the
+        worker then fails the task with that message.
+        """
         raise Snooze(delay, reason)
 
     def fail(self, reason: str) -> NoReturn:

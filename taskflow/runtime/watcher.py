@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, close_old_connections
 
 from ..conf import get_settings
 from ..engine import limiter
 from ..engine.expiry import expire_successes, fail_stale_pending, purge_finished
 from ..engine.rescue import rescue_dead_workers, rescue_expired_attempts
 from ..engine.workers import reap_dead_worker_rows
+from . import connections
 from .leadership import Leadership
 
 log = logging.getLogger("taskflow.watch")
@@ -101,6 +102,8 @@ class Watcher:
 
     def run_once(self) -> dict[str, int] | None:
         """One pass of every duty if this process leads (None if it does not); returns the counts."""
+        # A pass may follow a long wait or a database restart: start it on a connection that works.
+        connections.drop_unusable()
         if not self.leadership.renew():
             return None
         started = time.time()
@@ -121,7 +124,7 @@ class Watcher:
             return call()
         except DatabaseError as exc:
             log.warning("%s failed (%s); trying again next pass", name, exc)
-            connection.close()
+            connections.drop_unusable()  # so the next duty reconnects if this one lost the server
         except Exception:
             # One broken duty must not stop the others, nor the next pass.
             log.exception("%s failed; trying again next pass", name)

@@ -5,6 +5,12 @@ writes finished attempts in batches (and then gives their limiter slots back), o
 heartbeat, and (with Redis) a wake-up listener. A thread slot is busy from claim until its handler
 returns, so the worker never holds more tasks than it can run; results still waiting to be written
 are capped separately, so a slow database pauses claiming rather than piling up results.
+
+Every one of those threads is a supervised loop (`supervision.Loop`): errors are logged and waited
+out, and a thread that cannot go on makes the whole worker stop heartbeating and exit (`run` raises
+WorkerFailed) rather than run on half-dead. Each thread drops a database connection that can no
+longer serve before using it (`connections.drop_unusable`), so a database restart costs at most
+the attempts that were using it at the time.
 """
 
 from __future__ import annotations
@@ -20,25 +26,30 @@ import time
 import traceback
 from collections.abc import Iterable
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, DataError, IntegrityError, close_old_connections
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..engine import registry, wakeup
+from ..engine import registry, validation, wakeup
 from ..engine.attempts import ClaimedTask, Outcome, Report
 from ..engine.claiming import claim_batch
 from ..engine.configs import configs
 from ..engine.finishing import finish_attempts
 from ..engine.limiter import Limiter
-from ..engine.validation import validate_json
-from ..exceptions import LeaseLost, NextStage, PermanentFailure, Snooze
+from ..exceptions import InvalidTask, LeaseLost, NextStage, PermanentFailure, Snooze
+from . import connections
 from .context import TaskContext
 from .liveness import LivenessBeat
+from .supervision import Loop
 
 log = logging.getLogger("taskflow.worker")
 
 
-class TooManyStuckHandlers(RuntimeError):
+class WorkerFailed(RuntimeError):
+    """The worker could not go on (one of its threads died or kept failing): restart it."""
+
+
+class TooManyStuckHandlers(WorkerFailed):
     """More handler threads are stuck past their deadlines than the worker tolerates: restart it."""
 
 
@@ -85,11 +96,15 @@ class Worker:
         self._unreported = 0  # finished, result not yet written
         self._running: dict[int, ClaimedTask] = {}  # handler started and not yet returned
         self._stuck: set[tuple[int, int]] = set()  # (id, lease_token) of attempts past their deadline
-        self._gave_up = False
+        self._failure: WorkerFailed | None = None  # why the worker is stopping, if it must be restarted
         self._backlog: set[str] = set()  # types whose last claim came back full
         self._woken: set[str] = set()
-        self._next_poll: dict[str, float] = {t: 0.0 for t in types}
+        self._next_poll: dict[str, float] = {}  # per type; set at its first round
         self._threads: list[threading.Thread] = []
+        self._pending: list[Report] = []  # taken from the report queue, not yet written
+        self._liveness = LivenessBeat(
+            self.worker_id, self.host, self.task_types, self.concurrency, on_fatal=self._give_up
+        )
         self.processed = 0
 
     # -- public --------------------------------------------------------------------------------
@@ -101,12 +116,12 @@ class Worker:
         )
         self._start_threads()
         try:
-            self._claim_loop()
+            Loop("taskflow-claim-loop", self._claim_step, on_fatal=self._give_up, stop=self._stopping).run()
         finally:
             self._shutdown()
         log.info("worker %s stopped after %d tasks", self.worker_id, self.processed)
-        if self._gave_up:
-            raise TooManyStuckHandlers(f"{len(self._stuck)} handler thread(s) stuck past their deadlines")
+        if self._failure is not None:
+            raise self._failure
 
     def request_stop(self) -> None:
         """Stop claiming and begin a graceful shutdown (safe to call from a signal handler)."""
@@ -127,19 +142,30 @@ class Worker:
 
     def _start_threads(self) -> None:
         for n in range(self.concurrency):
-            self._spawn(self._handler_loop, f"taskflow-handler-{n}")
-        self._spawn(self._reporter_loop, "taskflow-reporter")
-        self._liveness = LivenessBeat(self.worker_id, self.host, self.task_types, self.concurrency, self._done)
+            self._spawn_handler(f"taskflow-handler-{n}")
+        self._reporter = Loop("taskflow-reporter", self._report_step, on_fatal=self._give_up).start_thread()
         self._liveness.start()
         wakeup.add_local_listener(self._on_wakeup)
         if self.limiter.uses_redis:
-            wakeup.RedisListener(self._on_wakeup, self._done).start()
+            listener = wakeup.RedisListener(self._on_wakeup, self._done)
+            Loop("taskflow-wakeup", listener.listen, on_fatal=self._give_up, stop=self._done).start_thread()
 
-    def _spawn(self, target, name: str) -> None:  # noqa: ANN001
-        # Daemon threads: a handler stuck forever must not keep the process alive at exit.
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+    def _spawn_handler(self, name: str) -> None:
+        self._threads.append(Loop(name, self._handler_step, on_fatal=self._give_up).start_thread())
+
+    def _give_up(self, reason: str) -> None:
+        """A thread cannot go on: stop heartbeating at once, stop claiming, and exit for a restart.
+
+        Running tasks get no grace period: a worker that does not beat will have them rescued, and
+        they must not run on here meanwhile. They are reported as interrupted if the reporter lives.
+        """
+        log.error("worker %s cannot go on (%s): stopping for a restart", self.worker_id, reason)
+        with self._lock:
+            if self._failure is None:
+                self._failure = WorkerFailed(reason)
+        self._liveness.halt()
+        self.grace = 0.0
+        self.request_stop()
 
     def _on_wakeup(self, task_types: set[str]) -> None:
         with self._lock:
@@ -148,28 +174,20 @@ class Worker:
 
     # -- claiming ------------------------------------------------------------------------------
 
-    def _claim_loop(self) -> None:
-        failures = 0
-        while not self._stopping.is_set():
-            self._release_stuck()
-            # Sampled before the round: a report flushed during it may have requeued work.
-            idle = self.in_flight == 0 and self.unreported == 0
-            try:
-                claimed_any, soonest = self._claim_round()
-                failures = 0
-            except DatabaseError as exc:
-                failures += 1
-                delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * (0.5 + random.random() / 2)
-                log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
-                connection.close()
-                self._stopping.wait(delay)
-                continue
-            if self.burst and idle and not claimed_any:
-                break
-            timeout = max(0.0, soonest - time.monotonic())
-            if timeout > 0:
-                self._wake.wait(timeout)
-            self._wake.clear()
+    def _claim_step(self) -> bool:
+        """One claim round, then wait until the next is due; False when a burst worker is done."""
+        self._release_stuck()
+        # Sampled before the round: a report flushed during it may have requeued work.
+        idle = self.in_flight == 0 and self.unreported == 0
+        connections.drop_unusable()
+        claimed_any, soonest = self._claim_round()
+        if self.burst and idle and not claimed_any:
+            return False
+        timeout = max(0.0, soonest - time.monotonic())
+        if timeout > 0:
+            self._wake.wait(timeout)
+        self._wake.clear()
+        return True
 
     def _claim_round(self) -> tuple[bool, float]:
         """Claim for every type that is due; returns (claimed anything, when next to look)."""
@@ -184,7 +202,12 @@ class Worker:
         for task_type in order:
             cfg = cfgs[task_type]
             interval = max(0.01, cfg.schedule_interval)
-            due = now >= self._next_poll[task_type] or task_type in woken or task_type in self._backlog
+            if task_type not in self._next_poll:
+                # Workers started together must not poll in step: each first polls at a random point
+                # of its interval (a burst worker at once; a wake-up makes anyone look at once).
+                self._next_poll[task_type] = now if self.burst else now + random.random() * interval
+            polled = now >= self._next_poll[task_type]
+            due = polled or task_type in woken or task_type in self._backlog
             if cfg.paused or not due:
                 soonest = min(soonest, self._next_poll[task_type]) if not cfg.paused else soonest
                 continue
@@ -225,22 +248,24 @@ class Worker:
                     soonest = now
             else:
                 self._backlog.discard(task_type)
-            self._next_poll[task_type] = now + interval * (0.9 + 0.2 * random.random())
+            if polled:
+                # Only a poll moves the poll schedule, so wake-ups (which reach every worker at
+                # once) do not bring workers back into step.
+                self._next_poll[task_type] = now + interval * (0.9 + 0.2 * random.random())
             soonest = min(soonest, self._next_poll[task_type])
         return claimed_any, soonest
 
     # -- running handlers -------------------------------------------------------------------------
 
-    def _handler_loop(self) -> None:
-        while True:
-            task = self._jobs.get()
-            if task is None:
-                return
-            report = self._execute(task)
-            replaced = self._done_running(task)
-            self._queue_report(report)
-            if replaced:
-                return  # a replacement thread has taken this one's place in the pool
+    def _handler_step(self) -> bool:
+        """Run the next job; False when this thread should end."""
+        task = self._jobs.get()
+        if task is None:
+            return False
+        report = self._execute(task)
+        replaced = self._done_running(task)
+        self._queue_report(report)
+        return not replaced  # a replaced thread ends: another has taken its place in the pool
 
     def _release_stuck(self) -> None:
         """Stop counting handler threads whose attempt is past its deadline, and replace them.
@@ -262,10 +287,10 @@ class Worker:
             stuck = len(self._stuck)
         for task in late:
             log.warning("task %s attempt %d is past its deadline: its thread is replaced", task.id, task.attempt)
-            self._spawn(self._handler_loop, f"taskflow-handler-for-{task.id}")
-        if stuck > self.max_stuck and not self._gave_up:
+            self._spawn_handler(f"taskflow-handler-for-{task.id}")
+        if stuck > self.max_stuck and self._failure is None:
             log.error("%d handler thread(s) stuck (max %d): stopping for a restart", stuck, self.max_stuck)
-            self._gave_up = True
+            self._failure = TooManyStuckHandlers(f"{stuck} handler thread(s) stuck past their deadlines")
             self.request_stop()
 
     def _done_running(self, task: ClaimedTask) -> bool:
@@ -286,74 +311,96 @@ class Worker:
     def _execute(self, task: ClaimedTask) -> Report:
         if self._stopping.is_set():
             return Report(task, Outcome.HANDBACK)
+        # A connection the server dropped since this thread's last task must not fail this one.
+        connections.drop_unusable()
         with self._lock:
             self._running[task.id] = task
         started = time.perf_counter()
-        report: Report
         try:
-            result = registry.get_handler(task.task_type)(TaskContext(task))
-            validate_json("result", result)
-            report = Report(task, Outcome.SUCCESS, result=result)
-        except Snooze as signal:
-            report = Report(task, Outcome.SNOOZE, delay=signal.delay, error=signal.reason)
-        except PermanentFailure as signal:
-            report = Report(task, Outcome.FAIL, error=signal.reason)
-        except NextStage as signal:
-            report = Report(task, Outcome.NEXT_STAGE, next_stage=signal)
+            report = self._run_handler(task)
+        finally:
+            with self._lock:
+                # The same task may run again here after a rescue while this stuck attempt lingered.
+                if self._running.get(task.id) is task:
+                    del self._running[task.id]
+        report.cost_ms = int((time.perf_counter() - started) * 1000)
+        return report
+
+    def _run_handler(self, task: ClaimedTask) -> Report:
+        """Run the task's handler; whatever it does or raises becomes this attempt's report."""
+        try:
+            return self._outcome(task)
         except LeaseLost as exc:
             log.warning("%s", exc)
-            report = Report(task, Outcome.LOST)
-        except Exception as exc:
-            report = Report(
-                task, Outcome.ERROR, error=f"{type(exc).__name__}: {exc}", detail=traceback.format_exc(limit=20)
-            )
-        report.cost_ms = int((time.perf_counter() - started) * 1000)
-        with self._lock:
-            # The same task may run again here after a rescue while this stuck attempt lingered.
-            if self._running.get(task.id) is task:
-                del self._running[task.id]
-        return report
+            return Report(task, Outcome.LOST)
+        except InvalidTask as exc:
+            # Bad input from the handler (a malformed signal, a result that cannot be stored, a bad
+            # enqueue): another attempt would do the same, so the task fails now, and only it.
+            return Report(task, Outcome.FAIL, error=f"{type(exc).__name__}: {exc}", detail=_traceback())
+        except BaseException as exc:  # SystemExit too: a handler must not end its thread
+            if isinstance(exc, DatabaseError) and not isinstance(exc, (DataError, IntegrityError)):
+                connections.suspect_all()  # the server may have gone away for every thread
+            return Report(task, Outcome.ERROR, error=f"{type(exc).__name__}: {exc}", detail=_traceback())
+
+    def _outcome(self, task: ClaimedTask) -> Report:
+        try:
+            result = registry.get_handler(task.task_type)(TaskContext(task))
+        except Snooze as signal:
+            return Report(task, Outcome.SNOOZE, delay=signal.delay, error=signal.reason)
+        except PermanentFailure as signal:
+            return Report(task, Outcome.FAIL, error=signal.reason)
+        except NextStage as signal:
+            if signal.context is not None:
+                validation.json_text("context", signal.context)  # the size limit of stored JSON
+            return Report(task, Outcome.NEXT_STAGE, next_stage=signal)
+        # Checked here, so a result the database could not store fails its own task, not a batch.
+        size = len(validation.json_text("result", result))
+        return Report(task, Outcome.SUCCESS, result=result, result_size=size)
 
     # -- reporting -----------------------------------------------------------------------------
 
-    def _reporter_loop(self) -> None:
+    def _report_step(self) -> bool:
+        """Write what has finished, in one batch; False once the worker is done and all is written."""
+        self._reports_ready.wait(timeout=0.5)
+        self._reports_ready.clear()
         interval = get_settings().REPORT_INTERVAL
-        pending: list[Report] = []
-        failures = 0
+        if interval:
+            time.sleep(interval)  # let a batch accumulate
         while True:
-            self._reports_ready.wait(timeout=0.5)
-            self._reports_ready.clear()
-            if interval:
-                time.sleep(interval)  # let a batch accumulate
-            while True:
-                try:
-                    pending.append(self._reports.get_nowait())
-                except queue.Empty:
-                    break
-            if pending:
-                try:
-                    self._flush(pending)
-                    pending = []
-                    failures = 0
-                except DatabaseError as exc:
-                    # Keep the reports and try again: a result is never dropped because the
-                    # database blinked.
-                    failures += 1
-                    log.warning("could not write %d report(s) (%s); retrying", len(pending), exc)
-                    connection.close()
-                    time.sleep(min(10.0, 0.2 * 2 ** min(failures, 6)))
-                    self._reports_ready.set()
-                    continue
-            if self._done.is_set() and self._reports.empty() and not pending:
-                return
+            try:
+                self._pending.append(self._reports.get_nowait())
+            except queue.Empty:
+                break
+        if self._pending:
+            connections.drop_unusable()
+            try:
+                self._flush()
+            except BaseException:
+                # Kept, and tried again after the loop's pause: a result is never dropped because
+                # the database blinked.
+                self._reports_ready.set()
+                raise
+        return not (self._done.is_set() and self._reports.empty() and not self._pending)
 
-    def _flush(self, reports: list[Report]) -> None:
-        accepted = finish_attempts(reports, limiter=self.limiter)
+    def _flush(self) -> None:
+        reports = self._pending
+        try:
+            accepted = finish_attempts(reports, limiter=self.limiter)
+        except BaseException:
+            # An outage stopped the flush part-way: what was written is done, the rest stays.
+            written = [r for r in reports if r.written is not None]
+            self._pending = [r for r in reports if r.written is None]
+            self._count_written(len(written), written)
+            raise
+        self._pending = []
         refused = sum(1 for r in reports if r.outcome != Outcome.LOST) - len(accepted)
         if refused > 0:
             log.warning("%d stale report(s) refused (their attempts were taken away)", refused)
+        self._count_written(len(reports), accepted)
+
+    def _count_written(self, finished: int, accepted: list[Report]) -> None:
         with self._lock:
-            self._unreported -= len(reports)
+            self._unreported -= finished
             self.processed += sum(1 for r in accepted if r.outcome != Outcome.HANDBACK)
         self._wake.set()
 
@@ -362,8 +409,12 @@ class Worker:
     def _shutdown(self) -> None:
         self._stopping.set()
         wakeup.remove_local_listener(self._on_wakeup)
-        deadline = time.monotonic() + self.grace
-        while self.in_flight and time.monotonic() < deadline:
+        started = time.monotonic()
+        # self.grace is read again each time: a worker that must stop at once (_give_up) sets it to 0.
+        # Claimed tasks still queued are handed back by idle handler threads within moments.
+        while self.in_flight and (
+            time.monotonic() - started < self.grace or (not self._jobs.empty() and time.monotonic() - started < 1)
+        ):
             time.sleep(0.05)
         with self._lock:
             # Stuck attempts are past their deadline already: taskwatch rescues them.
@@ -377,14 +428,18 @@ class Worker:
                     Report(task, Outcome.ERROR, error="interrupted: the worker stopped before it finished")
                 )
         deadline = time.monotonic() + 10
-        while self.unreported and time.monotonic() < deadline:
+        while self.unreported and time.monotonic() < deadline and self._reporter.is_alive():
             time.sleep(0.05)
         for _ in range(self.concurrency):
             self._jobs.put(None)
         self._done.set()
         self._reports_ready.set()
-        for thread in self._threads:
-            if thread.name == "taskflow-reporter":
-                thread.join(timeout=10)
-        self._liveness.stop()
+        self._reporter.join(timeout=10)
+        # A worker that must be restarted keeps its row: it looks dead, and taskwatch rescues
+        # whatever it could not report.
+        self._liveness.stop(forget=self._failure is None)
         close_old_connections()
+
+
+def _traceback() -> str:
+    return traceback.format_exc(limit=20)

@@ -87,3 +87,50 @@ def control(ctx):
     if action == "stages" and ctx.stage != "second":
         ctx.next_stage("second", context={"from": ctx.stage or "first"})
     return {"stage": ctx.stage, "context": ctx.context, "checkpoint": ctx.checkpoint}
+
+
+@taskflow.handler("test.misbehave")
+def misbehave(ctx):
+    """Does the malformed thing its payload names; otherwise returns a result of `size` bytes of JSON."""
+    record(ctx)
+    action = ctx.payload.get("action")
+    if action == "priority":
+        ctx.next_stage("next", priority=500)
+    if action == "fail_with_number":
+        ctx.fail(404)
+    if action == "snooze_forever":
+        ctx.snooze(float("inf"))
+    if action == "context_not_json":
+        ctx.next_stage("next", context={"at": object()})
+    if action == "result_not_json":
+        return {"ids": {1, 2}}
+    if action == "bad_enqueue":
+        taskflow.enqueue("test.noop", priority=1000)
+    if action == "refused_by_database":
+        # Passes every check the worker makes: only the table's CHECK constraint refuses it.
+        signal = taskflow.NextStage("next")
+        signal.priority = 500
+        raise signal
+    if action == "exit":
+        raise SystemExit(3)
+    size = ctx.payload.get("size", 0)
+    return {"data": "x" * max(0, size - 12)} if size else {"ok": True}  # '{"data": ""}' is 12 bytes
+
+
+@taskflow.handler("test.uses_db")
+def uses_db(ctx):
+    """Reads the database from the handler's own thread; returns its connection's server-side id."""
+    from django.db import connection
+
+    record(ctx, "start")
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT CONNECTION_ID()")
+        elif connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+        else:
+            cursor.execute("SELECT 0")
+        (backend,) = cursor.fetchone()
+    time.sleep(float(ctx.payload.get("sleep", 0)))
+    record(ctx, "end")
+    return {"backend": backend}

@@ -3,7 +3,7 @@ import signal
 from django.core.management.base import BaseCommand, CommandError
 
 from taskflow.exceptions import UnknownTaskType
-from taskflow.runtime.worker import TooManyStuckHandlers, Worker
+from taskflow.runtime.worker import Worker, WorkerFailed
 
 
 def positive_int(value: str) -> int:
@@ -45,6 +45,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         try:
             worker.run()
-        except TooManyStuckHandlers as exc:
-            # Exit non-zero with one line, so a supervisor restarts a worker clogged by stuck threads.
+        except WorkerFailed as exc:
+            # Exit non-zero with one line, so a supervisor restarts a worker that cannot go on (a
+            # thread died or kept failing, or stuck handlers clog it); taskwatch rescues its tasks.
             raise CommandError(str(exc)) from None
