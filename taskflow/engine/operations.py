@@ -284,7 +284,13 @@ def _apply_batch(
         written = sql.update_tasks_expecting(table, writes, expected, now) if writes else set()
         # A row that changed between our read and our write (a worker's report, a claim) is left alone.
         skipped["changed meanwhile"] += len(writes) - len(written)
-        stopped = {r.task.id for r in finish_attempts(running, now=now)} if running else set()
+        accepted = finish_attempts(running, now=now) if running else []
+        stopped = {r.task.id for r in accepted}
+        if accepted:
+            # Once committed, tell the workers running them (ctx.stop_requested); they would also
+            # notice at their next liveness beat.
+            fenced = {r.task.id: r.task.lease_token for r in accepted}
+            transaction.on_commit(lambda: wakeup.publish_stops(fenced))
         skipped["changed meanwhile"] += len(running) - len(stopped)
         events = [
             TaskEvent(
