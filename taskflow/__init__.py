@@ -1,12 +1,18 @@
 """taskflow: asynchronous work run from your own database, every task a row you can see and steer.
 
-Public API: `enqueue`, `enqueue_many`, `handler`, and the handler signals `Snooze`,
-`PermanentFailure` and `NextStage` (also raised by TaskContext's snooze/fail/next_stage).
+Public API: `enqueue`, `enqueue_many`, `handler`; the operator operations `terminate`,
+`retry_now`, `reschedule`, `set_priority` and `set_max_retries` (each returning an
+`OperationResult`); the handler signals `Snooze`, `PermanentFailure` and `NextStage` (also raised
+by TaskContext's snooze/fail/next_stage); and the errors.
+
+Importing this package imports no Django model: the engine is loaded on first use, so a remote
+worker can register handlers without Django settings or a database.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .engine.registry import handler
@@ -22,11 +28,26 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
+    from .engine.operations import (
+        OperationResult,
+        reschedule,
+        retry_now,
+        set_max_retries,
+        set_priority,
+        terminate,
+    )
     from .models import Task
+
+# Loaded on first use (module __getattr__), so `import taskflow` stays free of the ORM.
+_LAZY = {
+    name: "taskflow.engine.operations"
+    for name in ("OperationResult", "terminate", "retry_now", "reschedule", "set_priority", "set_max_retries")
+}
 
 __all__ = [
     "InvalidTask",
     "LeaseLost",
+    "OperationResult",
     "NextStage",
     "PermanentFailure",
     "Snooze",
@@ -36,7 +57,18 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "handler",
+    "reschedule",
+    "retry_now",
+    "set_max_retries",
+    "set_priority",
+    "terminate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'taskflow' has no attribute {name!r}")
 
 
 def enqueue(

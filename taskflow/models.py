@@ -297,3 +297,30 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class TaskEvent(models.Model):
+    """One change to a task that an operator would want to see: who did what, when and why.
+
+    Written in the same transaction as the change it records. `task_id` is not a foreign key: a
+    task's history outlives the row (purged, or moved to a history table), and events about many
+    tasks at once (a purge) have none.
+    """
+
+    task_id = models.BigIntegerField(null=True, blank=True)
+    at = models.DateTimeField()
+    actor = models.CharField(max_length=200, help_text="the user or process that made the change")
+    action = models.CharField(max_length=40)
+    reason = models.TextField(blank=True, default="")
+    # {"field": [before, after], ...}, or for a bulk event {"count": n, ...}
+    changes = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        verbose_name = "task event"
+        indexes = [
+            models.Index(fields=["task_id", "at"], name="taskflow_event_task_idx"),
+            models.Index(fields=["at"], name="taskflow_event_at_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} #{self.task_id}"

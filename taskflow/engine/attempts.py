@@ -9,7 +9,8 @@ lease_token = <the attempt's token>`, so an attempt that was rescued or stopped 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -45,6 +46,8 @@ class ClaimedTask:
     lease_expires_at: datetime
     retry_same_host: int = 0
     prefer_host: str = ""
+    # Set when the attempt was taken away while it runs (terminated by an operator, or rescued).
+    stop_requested: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     @classmethod
     def from_row(
@@ -84,6 +87,20 @@ class ClaimedTask:
         )
 
 
+    @classmethod
+    def running(cls, row: dict[str, Any], cfg: ScheduleCfg, now: datetime) -> ClaimedTask:
+        """The attempt now running on the task in `row` (read with its worker, started_at and deadline)."""
+        return cls.from_row(
+            row,
+            cfg,
+            attempt=row["attempts"],  # counted when it was claimed
+            lease_token=row["lease_token"],
+            worker_id=row["worker_id"],
+            claimed_at=row["started_at"] or now,
+            lease_expires_at=row["lease_expires_at"] or now,
+        )
+
+
 class Outcome(enum.StrEnum):
     SUCCESS = "success"
     ERROR = "error"  # retried by the policy while attempts remain
@@ -92,6 +109,7 @@ class Outcome(enum.StrEnum):
     NEXT_STAGE = "next_stage"
     RESCUED = "rescued"  # taken away by taskwatch (dead worker or deadline): a failed attempt
     HANDBACK = "handback"  # claimed but never started: back to pending as it was
+    TERMINATED = "terminated"  # stopped by an operator while running: the task ends stopped
     LOST = "lost"  # the attempt was taken away while running: nothing to write
 
 
@@ -128,3 +146,13 @@ def heartbeat(task: ClaimedTask, *, checkpoint: Any = ..., now: datetime | None 
         raise LeaseLost(f"task {task.id} attempt {task.attempt} no longer holds its lease")
     task.lease_expires_at = deadline
     return deadline
+
+
+def lost_attempts(attempts: list[ClaimedTask]) -> list[ClaimedTask]:
+    """The attempts among these that no longer hold their task (stopped, rescued, or gone): one query."""
+    if not attempts:
+        return []
+    held = set(
+        Task.objects.filter(id__in=[a.id for a in attempts], status=Status.PROCESSING).values_list("id", "lease_token")
+    )
+    return [a for a in attempts if (a.id, a.lease_token) not in held]

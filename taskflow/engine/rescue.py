@@ -126,16 +126,7 @@ def _rescue(
 
 def rescue_report(row: dict[str, Any], reason: str, now: datetime) -> Report:
     """The end of a lost attempt as a rescue reports it: a failed attempt (already counted at claim)."""
-    cfg = configs.get(row["task_type"])
-    started = row["started_at"] or now
-    attempt = ClaimedTask.from_row(
-        row,
-        cfg,
-        attempt=row["attempts"],  # counted when it was claimed
-        lease_token=row["lease_token"],
-        worker_id=row["worker_id"],
-        claimed_at=started,
-        lease_expires_at=row["lease_expires_at"] or now,
-    )
+    attempt = ClaimedTask.running(row, configs.get(row["task_type"]), now)
+    started = attempt.claimed_at
     cost_ms = max(0, int((now - started).total_seconds() * 1000))
     return Report(attempt, Outcome.RESCUED, error=f"rescued: {reason}", cost_ms=cost_ms)

@@ -588,6 +588,48 @@ def ids_written_at(table: str, ids: Iterable[int], token: int, updated_at: datet
         return {row[0] for row in cursor.fetchall()}
 
 
+def update_tasks_expecting(
+    table: str, writes: dict[int, dict[str, Any]], expected_status: dict[int, str], updated_at: datetime
+) -> set[int]:
+    """One UPDATE giving each row its own changes, only where the row still has the status expected of it.
+
+    Every row's changes must include `updated_at`; columns a row does not change keep their value
+    (`CASE id ... ELSE column`). Returns the ids written: the others changed meanwhile.
+    """
+    qn = quote
+    ids = list(writes)
+    names = sorted({name for changes in writes.values() for name in changes})
+    assignments: list[str] = []
+    params: list[Any] = []
+    for name in names:
+        convert, mark = to_db(name), placeholder(name)
+        changing = [i for i in ids if name in writes[i]]
+        values = [writes[i][name] for i in changing]
+        if len(changing) == len(ids) and all(same_value(v, values[0]) for v in values):
+            assignments.append(f"{column(name)} = {mark}")
+            params.append(convert(values[0]))
+            continue
+        whens = " ".join([f"WHEN %s THEN {mark}"] * len(changing))
+        assignments.append(f"{column(name)} = CASE {qn('id')} {whens} ELSE {column(name)} END")
+        for i, v in zip(changing, values, strict=True):
+            params.extend((i, convert(v)))
+    status_whens = " ".join(["WHEN %s THEN %s"] * len(ids))
+    where = f"{qn('id')} IN ({', '.join(['%s'] * len(ids))}) AND {qn('status')} = CASE {qn('id')} {status_whens} END"
+    params.extend(ids)
+    for i in ids:
+        params.extend((i, _text_to_db(expected_status[i])))
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {qn(table)} SET {', '.join(assignments)} WHERE {where}", params)
+        if cursor.rowcount == len(ids):
+            return set(ids)
+        cursor.execute(
+            f"SELECT {qn('id')} FROM {qn(table)} WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))}) "
+            f"AND {qn('updated_at')} = %s",
+            [*ids, datetime_to_db(updated_at)],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
 # -- errors ------------------------------------------------------------------------------------------
 
 _MYSQL_LOCK_CONFLICTS = {1205, 1213}  # lock wait timeout, deadlock

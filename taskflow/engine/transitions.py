@@ -52,7 +52,7 @@ def row_changes(report: Report, cfg: ScheduleCfg, now: datetime, rand: Any = Non
         )
 
     outcome = Outcome.ERROR if report.outcome == Outcome.RESCUED else report.outcome
-    if report.outcome == Outcome.RESCUED:
+    if report.outcome in (Outcome.RESCUED, Outcome.TERMINATED):
         # Taking an attempt away changes the fencing token: its late writes are refused.
         changes["lease_token"] = task.lease_token + 1
     if outcome == Outcome.ERROR and task.attempt > task.max_retries:
@@ -62,6 +62,8 @@ def row_changes(report: Report, cfg: ScheduleCfg, now: datetime, rand: Any = Non
         changes.update(status=Status.SUCCESS, result=report.result, status_msg="", finished_at=now)
     elif outcome == Outcome.FAIL:
         changes.update(status=Status.FAILED, status_msg=message, finished_at=now)
+    elif outcome == Outcome.TERMINATED:
+        changes.update(status=Status.STOPPED, status_msg=message, finished_at=now)
     elif outcome == Outcome.ERROR:
         policy = RetryPolicy.for_config(cfg)
         delay = policy.next_delay(task.attempt, rand) if rand else policy.next_delay(task.attempt)

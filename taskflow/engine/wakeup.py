@@ -92,6 +92,42 @@ _publisher = _Publisher()
 os.register_at_fork(after_in_child=_publisher._reset)
 
 
+def stop_channel() -> str:
+    """The pub/sub channel that tells workers to stop attempts (an operator terminated their task)."""
+    return key("stop")
+
+
+StopListener = Callable[[dict[int, int]], None]
+_local_stop: list[StopListener] = []
+
+
+def publish_stops(attempts: dict[int, int]) -> None:
+    """Tell the workers running these attempts ({task id: lease token}) that they were stopped.
+
+    Best effort, for promptness only: a worker also notices at its next liveness beat, and the
+    attempt's writes are refused by its fencing token either way.
+    """
+    if not attempts:
+        return
+    for listener in list(_local_stop):
+        listener(attempts)
+    client = get_redis()
+    if client is not None:
+        try:
+            client.publish(stop_channel(), ",".join(f"{task_id}:{token}" for task_id, token in attempts.items()))
+        except RedisError as exc:
+            log.warning("stop notice not published (%s); workers notice at their next beat", exc)
+
+
+def add_local_stop_listener(listener: StopListener) -> None:
+    _local_stop.append(listener)
+
+
+def remove_local_stop_listener(listener: StopListener) -> None:
+    if listener in _local_stop:
+        _local_stop.remove(listener)
+
+
 def add_local_listener(listener: Listener) -> None:
     _local.append(listener)
 
@@ -102,14 +138,14 @@ def remove_local_listener(listener: Listener) -> None:
 
 
 class RedisListener:
-    """Subscribes to the wake-up channel and calls `on_wakeup` with the announced types.
+    """Subscribes to the wake-up and stop channels: calls `on_wakeup` with announced types, `on_stop` with attempts.
 
     `listen` is one subscription; the worker runs it as a supervised loop, which waits out a Redis
     outage and subscribes again.
     """
 
-    def __init__(self, on_wakeup: Listener, stop: threading.Event) -> None:
-        self.on_wakeup, self.stop = on_wakeup, stop
+    def __init__(self, on_wakeup: Listener, stop: threading.Event, on_stop: StopListener | None = None) -> None:
+        self.on_wakeup, self.stop, self.on_stop = on_wakeup, stop, on_stop
 
     def listen(self) -> bool:
         """Listen until `stop` is set (then return False); raises when Redis fails."""
@@ -118,15 +154,34 @@ class RedisListener:
             return False
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
-            pubsub.subscribe(channel())
+            wakeups, stops = channel(), stop_channel()
+            pubsub.subscribe(wakeups, stops)
             # Anything published while we were (re)connecting was missed: look once.
             self.on_wakeup(set())
             while not self.stop.is_set():
                 message = pubsub.get_message(timeout=0.5)
-                if message and message.get("type") == "message":
-                    data = message["data"].decode() if isinstance(message["data"], bytes) else message["data"]
+                if not message or message.get("type") != "message":
+                    continue
+                data = _text(message["data"])
+                if _text(message["channel"]) == stops:
+                    if self.on_stop is not None:
+                        self.on_stop(_attempts(data))
+                else:
                     self.on_wakeup({t for t in data.split(",") if t})
         finally:
             with contextlib.suppress(Exception):  # a broken connection may fail to close; it is dropped anyway
                 pubsub.close()
         return False
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _attempts(data: str) -> dict[int, int]:
+    out = {}
+    for item in data.split(","):
+        task_id, _, token = item.partition(":")
+        if task_id.isdigit() and token.isdigit():
+            out[int(task_id)] = int(token)
+    return out

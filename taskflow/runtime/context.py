@@ -30,6 +30,15 @@ class TaskContext:
         self.worker_id = task.worker_id
 
     @property
+    def stop_requested(self) -> bool:
+        """True once this attempt was taken away (an operator stopped the task, or it was rescued).
+
+        Seen within about a second with Redis, else at the worker's next liveness beat. A long
+        handler should check it between steps and return: whatever it reports now is refused.
+        """
+        return self._task.stop_requested.is_set()
+
+    @property
     def deadline(self) -> datetime:
         """When this attempt times out unless the handler heartbeats or saves a checkpoint."""
         return self._task.lease_expires_at

@@ -30,8 +30,10 @@ class LivenessBeat:
         concurrency: int,
         *,
         on_fatal: Callable[[str], None],
+        after_beat: Callable[[], None] | None = None,
     ) -> None:
         self.worker_id, self.host, self.task_types, self.concurrency = worker_id, host, task_types, concurrency
+        self.after_beat = after_beat
         self.interval = get_settings().HEARTBEAT_INTERVAL
         self._stopped = threading.Event()
         self._loop = Loop("taskflow-liveness", self._beat_and_wait, on_fatal=on_fatal, stop=self._stopped)
@@ -46,6 +48,8 @@ class LivenessBeat:
     def _beat_and_wait(self) -> None:
         connections.drop_unusable()
         self.beat()
+        if self.after_beat is not None:
+            self.after_beat()
         self._stopped.wait(self.interval)
 
     def halt(self) -> None:

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from ..engine import registry, validation, wakeup
-from ..engine.attempts import ClaimedTask, Outcome, Report
+from ..engine.attempts import ClaimedTask, Outcome, Report, lost_attempts
 from ..engine.claiming import claim_batch
 from ..engine.configs import configs
 from ..engine.finishing import finish_attempts
@@ -103,7 +103,12 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._pending: list[Report] = []  # taken from the report queue, not yet written
         self._liveness = LivenessBeat(
-            self.worker_id, self.host, self.task_types, self.concurrency, on_fatal=self._give_up
+            self.worker_id,
+            self.host,
+            self.task_types,
+            self.concurrency,
+            on_fatal=self._give_up,
+            after_beat=self._notice_lost_attempts,
         )
         self.processed = 0
 
@@ -146,8 +151,9 @@ class Worker:
         self._reporter = Loop("taskflow-reporter", self._report_step, on_fatal=self._give_up).start_thread()
         self._liveness.start()
         wakeup.add_local_listener(self._on_wakeup)
+        wakeup.add_local_stop_listener(self._on_stop)
         if self.limiter.uses_redis:
-            listener = wakeup.RedisListener(self._on_wakeup, self._done)
+            listener = wakeup.RedisListener(self._on_wakeup, self._done, on_stop=self._on_stop)
             Loop("taskflow-wakeup", listener.listen, on_fatal=self._give_up, stop=self._done).start_thread()
 
     def _spawn_handler(self, name: str) -> None:
@@ -166,6 +172,20 @@ class Worker:
         self._liveness.halt()
         self.grace = 0.0
         self.request_stop()
+
+    def _on_stop(self, attempts: dict[int, int]) -> None:
+        """Tell running handlers whose attempt ({task id: lease token}) was stopped (ctx.stop_requested)."""
+        with self._lock:
+            for task in self._running.values():
+                if attempts.get(task.id) == task.lease_token:
+                    task.stop_requested.set()
+
+    def _notice_lost_attempts(self) -> None:
+        """After each liveness beat: flag running attempts whose task was taken away (works without Redis)."""
+        with self._lock:
+            running = [t for t in self._running.values() if not t.stop_requested.is_set()]
+        for task in lost_attempts(running):
+            task.stop_requested.set()
 
     def _on_wakeup(self, task_types: set[str]) -> None:
         with self._lock:
@@ -421,6 +441,7 @@ class Worker:
     def _shutdown(self) -> None:
         self._stopping.set()
         wakeup.remove_local_listener(self._on_wakeup)
+        wakeup.remove_local_stop_listener(self._on_stop)
         started = time.monotonic()
         # self.grace is read again each time: a worker that must stop at once (_give_up) sets it to 0.
         # Claimed tasks still queued are handed back by idle handler threads within moments.

@@ -134,3 +134,17 @@ def uses_db(ctx):
     time.sleep(float(ctx.payload.get("sleep", 0)))
     record(ctx, "end")
     return {"backend": backend}
+
+
+@taskflow.handler("test.until_stopped")
+def until_stopped(ctx):
+    """Works in short steps until it is told to stop (ctx.stop_requested), at most `seconds`."""
+    record(ctx, "start")
+    end = time.monotonic() + ctx.payload.get("seconds", 30)
+    while time.monotonic() < end:
+        if ctx.stop_requested:
+            record(ctx, "noticed")
+            return {"late": True}  # refused: the attempt was taken away
+        time.sleep(0.05)
+    record(ctx, "end")
+    return {"finished": True}
