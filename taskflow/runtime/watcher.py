@@ -41,9 +41,9 @@ DUTIES: tuple[tuple[str, Duty], ...] = (
 
 
 def reconcile_counters() -> int:
-    """Correct the limiter's Redis counters to the true processing counts; returns how many it checked.
+    """Make the limiter's Redis slot sets hold exactly the processing attempts; returns how many sets it checked.
 
-    The limiter logs the corrections it makes; without Redis there are no counters to correct.
+    The limiter logs the corrections it makes; without Redis there is nothing to reconcile.
     """
     return len(limiter.reconcile_counters())
 
