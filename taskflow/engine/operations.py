@@ -153,6 +153,26 @@ def set_max_retries(
     return _operate("set_max_retries", selection, rule, by=by, reason=reason, dry_run=dry_run)
 
 
+def applicable(task: Task, now: datetime | None = None) -> list[str]:
+    """The operations that can change `task` as it is now, by the rules above (a console's buttons).
+
+    set_priority and set_max_retries are offered while a later attempt can still use the value.
+    A dry run has the last word (a superseded version, say, is only found out by it).
+    """
+    now = now or timezone.now()
+    status = task.status
+    names = []
+    if status in (Status.PENDING, Status.PROCESSING):
+        names.append("terminate")
+    if status in (Status.FAILED, Status.STOPPED) or (status == Status.PENDING and task.run_after > now):
+        names.append("retry_now")
+    if status in (Status.PENDING, Status.FAILED, Status.STOPPED):
+        names.append("reschedule")
+    if status != Status.SUCCESS:
+        names += ["set_priority", "set_max_retries"]
+    return names
+
+
 # -- the machinery shared by every operation ---------------------------------------------------------
 
 # What an operation reads of each task: its state, and enough to build the attempt of a running one.
