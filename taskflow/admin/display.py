@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
-from django.utils.timesince import timesince, timeuntil
+from django.utils.timesince import timesince
 
 EMPTY = "-"
 
@@ -33,21 +33,31 @@ def status_badge(status: str) -> SafeString:
     return format_html('<span class="tf-badge tf-{}">{}</span>', status, status)
 
 
+def _span(seconds: float, when: datetime, now: datetime) -> str:
+    """A duration as people say it: "12 s" under a minute, else the largest unit ("3 minutes")."""
+    if seconds < 60:
+        return f"{int(seconds)} s"
+    return timesince(min(when, now), max(when, now), depth=1)
+
+
 def age(when: datetime | None, now: datetime | None = None) -> str:
-    """How long ago `when` was ("3 minutes"), or "-"."""
-    if when is None:
-        return EMPTY
-    return timesince(when, now or timezone.now(), depth=1)
-
-
-def relative(when: datetime | None, now: datetime | None = None) -> str:
-    """A past or future time relative to now: "in 5 minutes" or "2 hours ago"."""
+    """How long ago `when` was ("12 s", "3 minutes"), or "-"."""
     if when is None:
         return EMPTY
     now = now or timezone.now()
-    if when > now:
-        return f"in {timeuntil(when, now, depth=1)}"
-    return f"{timesince(when, now, depth=1)} ago"
+    return _span((now - when).total_seconds(), when, now)
+
+
+def relative(when: datetime | None, now: datetime | None = None) -> str:
+    """A past or future time relative to now: "in 5 minutes", "2 hours ago", or "now"."""
+    if when is None:
+        return EMPTY
+    now = now or timezone.now()
+    seconds = (when - now).total_seconds()
+    if abs(seconds) < 1:
+        return "now"
+    span = _span(abs(seconds), when, now)
+    return f"in {span}" if seconds > 0 else f"{span} ago"
 
 
 def tasks_url(**filters: Any) -> str:

@@ -87,15 +87,39 @@ class TaskAdmin(ReadOnlyAdmin):
     sortable_by = ["id"]  # ids are time-ordered; any other order would sort the whole match
     actions = list_actions()
     change_form_template = "admin/taskflow/task/change_form.html"
+    # Several short fields to a line; the task page's own template puts the attempts, the other
+    # versions and the history between these and the (possibly large) JSON data.
     fieldsets = [
-        (None, {"fields": ["id", "task_type", "key", "version", "superseded_by", "priority", "trace_id", "user_id"]}),
-        ("State", {"fields": ["status_badge", "status_msg_block", "stage", "attempts", "max_retries", "timeout"]}),
-        ("Schedule", {"fields": ["run_after", "order_time", "prefer_host", "prefer_host_until"]}),
-        ("Lease", {"fields": ["worker_id", "lease_token", "lease_expires_at", "heartbeat_at"]}),
+        (
+            None,
+            {
+                "fields": [
+                    ("id", "task_type", "status_badge"),
+                    ("key", "version", "superseded_by"),
+                    ("stage", "priority", "attempts", "max_retries", "timeout"),
+                    ("trace_id", "user_id"),
+                    "status_msg_block",
+                ]
+            },
+        ),
+        (
+            "Schedule and lease",
+            {
+                "fields": [
+                    ("run_after", "order_time", "prefer_host", "prefer_host_until"),
+                    ("worker_id", "lease_token", "lease_expires_at", "heartbeat_at"),
+                    ("created_at", "started_at", "finished_at", "updated_at"),
+                ]
+            },
+        ),
         ("Data", {"fields": ["payload_block", "context_block", "checkpoint_block", "result_block"]}),
-        ("Times", {"fields": ["created_at", "updated_at", "started_at", "finished_at"]}),
     ]
-    readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
+    readonly_fields = [
+        name
+        for _, options in fieldsets
+        for line in options["fields"]
+        for name in (line if isinstance(line, tuple) else (line,))
+    ]
 
     class Media:
         css = {"all": ["taskflow/console.css"]}
