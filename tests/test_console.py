@@ -423,6 +423,20 @@ def test_skipped_tasks_are_reported_with_their_reason(operator: Client) -> None:
     assert messages_of(operator, response) == ["Terminate: 1 task changed.", "1 task skipped (already finished: 1)."]
 
 
+def test_retrying_every_task_of_a_type_leaves_its_running_ones_running(operator: Client) -> None:
+    [broken] = [taskflow.enqueue(T, {}, max_retries=0)]
+    finish(broken, Outcome.ERROR, "boom")
+    running = taskflow.enqueue(T, {})
+    [held] = claim()
+
+    response = confirm(operator, "retry_now", filters=urlencode({"task_type": T}), reason="rerun the type")
+
+    assert messages_of(operator, response) == ["Retry now: 1 task changed.", "1 task skipped (running: 1)."]
+    assert Task.objects.get(pk=broken.pk).status == Status.PENDING
+    running.refresh_from_db()
+    assert (running.status, running.lease_token) == (Status.PROCESSING, held.lease_token)
+
+
 def test_reschedule_takes_a_time_or_a_number_of_seconds(operator: Client) -> None:
     task = taskflow.enqueue(T, {})
     when = timezone.localtime() + timedelta(days=1)

@@ -54,10 +54,17 @@ class OperationResult:
         return f"{self.action}: {verb} {self.changed}" + (f"; skipped {skipped}" if skipped else "")
 
 
-# A rule looks at one task (as read) and returns the columns to write, or why it leaves the task alone.
-Decision = dict[str, Any] | str
+class _EndAttempt:
+    """A decision: end the task's running attempt through finish_attempts (terminate)."""
+
+
+# Not a string: a rule's reason for skipping a task ("running", say) must never read as this decision.
+END_ATTEMPT = _EndAttempt()
+
+# A rule looks at one task (as read) and returns the columns to write, why it leaves the task
+# alone, or END_ATTEMPT.
+Decision = dict[str, Any] | str | _EndAttempt
 Rule = Callable[[dict[str, Any], "_Batch"], Decision]
-RUNNING = "running"  # a decision: end the running attempt through finish_attempts
 
 
 def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool = False) -> OperationResult:
@@ -75,7 +82,7 @@ def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
                 "finished_at": batch.now,
             }
         if row["status"] == Status.PROCESSING:
-            return RUNNING
+            return END_ATTEMPT
         return "already finished"
 
     return _operate("terminate", selection, rule, by=by, reason=reason, dry_run=dry_run)
@@ -265,7 +272,7 @@ def _operate(
             batch = _Batch(rows, actor, reason, batch_now)
             for row in rows:
                 decision = rule(row, batch)
-                if isinstance(decision, str) and decision != RUNNING:
+                if isinstance(decision, str):
                     skipped[decision] += 1
                 else:
                     result.changed += 1
@@ -294,7 +301,7 @@ def _apply_batch(
         by_id = {row["id"]: row for row in rows}
         for row in rows:
             decision = rule(row, batch)
-            if decision == RUNNING:
+            if decision is END_ATTEMPT:
                 running.append(_terminated(row, batch))
             elif isinstance(decision, str):
                 skipped[decision] += 1
