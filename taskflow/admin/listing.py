@@ -11,8 +11,9 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils.functional import cached_property
 
 CAP = 10_000
@@ -57,6 +58,15 @@ class ConsoleAdmin(admin.ModelAdmin):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return CappedChangeList
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # Django answers an action the user may not run by showing the list again; a forged
+        # action POST is refused outright instead.
+        if request.method == "POST":
+            allowed = self.get_actions(request)
+            if any(name and name not in allowed for name in request.POST.getlist("action")):
+                raise PermissionDenied
+        return super().changelist_view(request, extra_context)
 
 
 class ReadOnlyAdmin(ConsoleAdmin):
