@@ -107,12 +107,17 @@ class Console:
         return WebDriverWait(self.driver, WAIT).until(ec.element_to_be_clickable((self.by.LINK_TEXT, text)))
 
     def _leaving(self, action: Callable[[], object]) -> None:
-        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.common.exceptions import WebDriverException
         from selenium.webdriver.support.ui import WebDriverWait
 
-        page = self.driver.find_element(self.by.TAG_NAME, "html")
+        # A mark on this page's window: the next page's window has none. (Waiting for an element
+        # of this page to go stale races with the navigation: Chromium may report the node as
+        # belonging to no document instead.)
+        self.driver.execute_script("window.tfLeaving = true")
         action()
-        WebDriverWait(self.driver, WAIT).until(ec.staleness_of(page))
+        WebDriverWait(self.driver, WAIT, ignored_exceptions=(WebDriverException,)).until(
+            lambda driver: driver.execute_script("return !window.tfLeaving && document.readyState === 'complete'")
+        )
 
     def type(self, css: str, text: str) -> None:
         field = self.find(css)
