@@ -102,6 +102,12 @@ class Task(models.Model):
             # Retention and purge of finished tasks; pending/processing rows sit under NULL.
             models.Index(fields=["status", "finished_at"], name="taskflow_finished_idx"),
             models.Index(fields=["task_type", "created_at"], name="taskflow_type_created_idx"),
+            # The console's filters and search (docs/console.md): none holds status, so transitions
+            # leave them alone; stage and priority change only when an operator or a stage does.
+            models.Index(fields=["task_type", "stage"], name="taskflow_type_stage_idx"),
+            models.Index(fields=["task_type", "priority"], name="taskflow_type_priority_idx"),
+            models.Index(fields=["trace_id"], name="taskflow_trace_idx"),
+            models.Index(fields=["user_id"], name="taskflow_user_idx"),
         ]
         permissions = [("operate_task", "Can stop, retry, reschedule and re-prioritise tasks")]
 
@@ -320,6 +326,9 @@ class TaskEvent(models.Model):
         indexes = [
             models.Index(fields=["task_id", "at"], name="taskflow_event_task_idx"),
             models.Index(fields=["at"], name="taskflow_event_at_idx"),
+            # The console's event filters.
+            models.Index(fields=["action", "at"], name="taskflow_event_action_idx"),
+            models.Index(fields=["actor", "at"], name="taskflow_event_actor_idx"),
         ]
 
     def __str__(self) -> str:

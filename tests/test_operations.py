@@ -88,6 +88,23 @@ def test_a_dry_run_counts_and_changes_nothing() -> None:
     assert not TaskEvent.objects.exists()
 
 
+def test_retry_and_reschedule_leave_a_running_task_running() -> None:
+    # Their reason for skipping it ("running") once read as terminate's "end the attempt" decision.
+    task = taskflow.enqueue(T, {})
+    [held] = claim()
+
+    for call in (
+        lambda dry_run: taskflow.retry_now([task.id], by="x", dry_run=dry_run),
+        lambda dry_run: taskflow.reschedule([task.id], run_after=60, by="x", dry_run=dry_run),
+    ):
+        for dry_run in (True, False):
+            result = call(dry_run)
+            assert (result.changed, result.skipped) == (0, {"running": 1})
+    task.refresh_from_db()
+    assert (task.status, task.lease_token) == (Status.PROCESSING, held.lease_token)
+    assert not TaskEvent.objects.exists()
+
+
 # -- retry_now -------------------------------------------------------------------------------------------
 
 
@@ -160,12 +177,38 @@ def test_out_of_range_values_raise_and_change_nothing() -> None:
         lambda: taskflow.set_priority([task.id], priority=101, by="h"),
         lambda: taskflow.set_max_retries([task.id], max_retries=-1, by="h"),
         lambda: taskflow.reschedule([task.id], run_after="tomorrow", by="h"),
+        # A time no database can store (past year 9999), and NaN, are refused like any bad value.
+        lambda: taskflow.reschedule([task.id], run_after=1e20, by="h"),
+        lambda: taskflow.reschedule([task.id], run_after=float("nan"), by="h"),
+        lambda: taskflow.reschedule([task.id], run_after=timedelta(days=999_999_999), by="h"),
         lambda: taskflow.terminate([task.id], by=""),
         lambda: taskflow.terminate(["not-an-id"], by="h"),
     ):
         with pytest.raises(taskflow.InvalidTask):
             call()
     assert state(task) == (Status.PENDING, 0) and not TaskEvent.objects.exists()
+
+
+@pytest.mark.parametrize("state", ["due", "delayed", "running", "failed", "stopped", "success"])
+def test_applicable_names_exactly_the_operations_a_dry_run_would_change(state: str) -> None:
+    task = taskflow.enqueue(T, {}, max_retries=0, run_after=3600 if state == "delayed" else None)
+    if state == "running":
+        claim()
+    elif state == "stopped":
+        taskflow.terminate([task.id], by="x")
+    elif state in ("failed", "success"):
+        held = claim()
+        finish_attempts([Report(held[0], Outcome.FAIL if state == "failed" else Outcome.SUCCESS)])
+    task.refresh_from_db()
+    values = {"reschedule": {"run_after": 60}, "set_priority": {"priority": 5}, "set_max_retries": {"max_retries": 7}}
+
+    offered = operations.applicable(task)
+
+    for name in ("terminate", "retry_now", "reschedule", "set_priority", "set_max_retries"):
+        dry = getattr(taskflow, name)([task.id], by="x", dry_run=True, **values.get(name, {}))
+        # A finished success's priority would be stored, but no attempt will ever use it: not offered.
+        expected = dry.changed == 1 and not (name == "set_priority" and state == "success")
+        assert (name in offered) == expected, name
 
 
 def test_set_max_retries_skips_successes() -> None:

@@ -254,3 +254,11 @@ def test_the_settings_know_exactly_the_models_retry_strategies() -> None:
 
     assert set(RETRY_STRATEGIES) == set(RetryStrategy.values)
     assert TaskflowSettings().RETRY_STRATEGY in RETRY_STRATEGIES
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("run_after", [1e20, float("nan"), -1e20])
+def test_a_run_after_no_database_can_store_is_refused_not_an_overflow(run_after: float) -> None:
+    with pytest.raises(taskflow.InvalidTask, match="run_after"):
+        taskflow.enqueue("test.noop", {}, run_after=run_after)
+    assert not Task.objects.exists()

@@ -54,10 +54,17 @@ class OperationResult:
         return f"{self.action}: {verb} {self.changed}" + (f"; skipped {skipped}" if skipped else "")
 
 
-# A rule looks at one task (as read) and returns the columns to write, or why it leaves the task alone.
-Decision = dict[str, Any] | str
+class _EndAttempt:
+    """A decision: end the task's running attempt through finish_attempts (terminate)."""
+
+
+# Not a string: a rule's reason for skipping a task ("running", say) must never read as this decision.
+END_ATTEMPT = _EndAttempt()
+
+# A rule looks at one task (as read) and returns the columns to write, why it leaves the task
+# alone, or END_ATTEMPT.
+Decision = dict[str, Any] | str | _EndAttempt
 Rule = Callable[[dict[str, Any], "_Batch"], Decision]
-RUNNING = "running"  # a decision: end the running attempt through finish_attempts
 
 
 def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool = False) -> OperationResult:
@@ -75,7 +82,7 @@ def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
                 "finished_at": batch.now,
             }
         if row["status"] == Status.PROCESSING:
-            return RUNNING
+            return END_ATTEMPT
         return "already finished"
 
     return _operate("terminate", selection, rule, by=by, reason=reason, dry_run=dry_run)
@@ -151,6 +158,26 @@ def set_max_retries(
         return {"max_retries": max_retries}
 
     return _operate("set_max_retries", selection, rule, by=by, reason=reason, dry_run=dry_run)
+
+
+def applicable(task: Task, now: datetime | None = None) -> list[str]:
+    """The operations that can change `task` as it is now, by the rules above (a console's buttons).
+
+    set_priority and set_max_retries are offered while a later attempt can still use the value.
+    A dry run has the last word (a superseded version, say, is only found out by it).
+    """
+    now = now or timezone.now()
+    status = task.status
+    names = []
+    if status in (Status.PENDING, Status.PROCESSING):
+        names.append("terminate")
+    if status in (Status.FAILED, Status.STOPPED) or (status == Status.PENDING and task.run_after > now):
+        names.append("retry_now")
+    if status in (Status.PENDING, Status.FAILED, Status.STOPPED):
+        names.append("reschedule")
+    if status != Status.SUCCESS:
+        names += ["set_priority", "set_max_retries"]
+    return names
 
 
 # -- the machinery shared by every operation ---------------------------------------------------------
@@ -245,7 +272,7 @@ def _operate(
             batch = _Batch(rows, actor, reason, batch_now)
             for row in rows:
                 decision = rule(row, batch)
-                if isinstance(decision, str) and decision != RUNNING:
+                if isinstance(decision, str):
                     skipped[decision] += 1
                 else:
                     result.changed += 1
@@ -274,7 +301,7 @@ def _apply_batch(
         by_id = {row["id"]: row for row in rows}
         for row in rows:
             decision = rule(row, batch)
-            if decision == RUNNING:
+            if decision is END_ATTEMPT:
                 running.append(_terminated(row, batch))
             elif isinstance(decision, str):
                 skipped[decision] += 1

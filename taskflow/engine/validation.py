@@ -127,10 +127,13 @@ def resolve_run_after(run_after: object, now: datetime) -> datetime:
     """Accept an aware datetime, a timedelta from now, or seconds from now."""
     if run_after is None:
         return now
-    if isinstance(run_after, timedelta):
-        return now + run_after
-    if isinstance(run_after, (int, float)) and not isinstance(run_after, bool):
-        return now + timedelta(seconds=run_after)
+    try:
+        if isinstance(run_after, timedelta):
+            return now + run_after
+        if isinstance(run_after, (int, float)) and not isinstance(run_after, bool):
+            return now + timedelta(seconds=run_after)
+    except (OverflowError, ValueError):  # NaN, or past year 9999
+        raise InvalidTask(f"run_after is not a time a database can store: {run_after!r}") from None
     if isinstance(run_after, datetime):
         if timezone.is_naive(run_after):
             raise InvalidTask("run_after must be timezone-aware")

@@ -1,0 +1,250 @@
+"""The task list and the task page.
+
+Task rows are read-only here: every change goes through the engine's operations (actions.py),
+never through a model form that could overwrite a worker's concurrent report.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.dateparse import parse_datetime
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString
+
+from ..engine.operations import applicable
+from ..engine.validation import MAX_BIGINT
+from ..models import Status, Task, TaskEvent
+from . import display
+from .actions import OPERATE_PERMISSION, OPERATIONS, list_actions, operate_view
+from .filters import (
+    CreatedRangeFilter,
+    FinishedRangeFilter,
+    PriorityRangeFilter,
+    StageFilter,
+    TaskTypeFilter,
+    WorkerFilter,
+    known_types,
+)
+from .listing import CappedChangeList, ReadOnlyAdmin
+
+# What the list reads of each row: never the JSON columns, which may hold a megabyte each.
+LIST_COLUMNS = (
+    "id",
+    "task_type",
+    "key",
+    "version",
+    "status",
+    "stage",
+    "priority",
+    "attempts",
+    "run_after",
+    "worker_id",
+    "created_at",
+)
+OTHER_VERSIONS_SHOWN = 20
+EVENTS_SHOWN = 50
+
+
+class TaskChangeList(CappedChangeList):
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Task]:
+        return super().get_queryset(request, exclude_parameters).only(*LIST_COLUMNS)
+
+
+@admin.register(Task)
+class TaskAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "task_type",
+        "key_version",
+        "status_badge",
+        "stage",
+        "priority",
+        "attempts",
+        "due",
+        "worker",
+        "age",
+    ]
+    list_filter = [
+        "status",
+        TaskTypeFilter,
+        StageFilter,
+        PriorityRangeFilter,
+        CreatedRangeFilter,
+        FinishedRangeFilter,
+        WorkerFilter,
+    ]
+    search_fields = ["id"]  # shows the search box; get_search_results does the searching
+    search_help_text = "Exact task id, key, trace id or user id."
+    ordering = ["-id"]
+    sortable_by = ["id"]  # ids are time-ordered; any other order would sort the whole match
+    actions = list_actions()
+    change_form_template = "admin/taskflow/task/change_form.html"
+    # Several short fields to a line; the task page's own template puts the attempts, the other
+    # versions and the history between these and the (possibly large) JSON data.
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    ("id", "task_type", "status_badge"),
+                    ("key", "version", "superseded_by"),
+                    ("stage", "priority", "attempts", "max_retries", "timeout"),
+                    ("trace_id", "user_id"),
+                    "status_msg_block",
+                ]
+            },
+        ),
+        (
+            "Schedule and lease",
+            {
+                "fields": [
+                    ("run_after", "order_time", "prefer_host", "prefer_host_until"),
+                    ("worker_id", "lease_token", "lease_expires_at", "heartbeat_at"),
+                    ("created_at", "started_at", "finished_at", "updated_at"),
+                ]
+            },
+        ),
+        ("Data", {"fields": ["payload_block", "context_block", "checkpoint_block", "result_block"]}),
+    ]
+    readonly_fields = [
+        name
+        for _, options in fieldsets
+        for line in options["fields"]
+        for name in (line if isinstance(line, tuple) else (line,))
+    ]
+
+    class Media:
+        css = {"all": ["taskflow/console.css"]}
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.{OPERATE_PERMISSION}")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return TaskChangeList
+
+    def get_urls(self) -> list[URLPattern]:
+        operate = path(
+            "operate/<str:action>/",
+            self.admin_site.admin_view(self.operate_view),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_operate",
+        )
+        return [operate, *super().get_urls()]
+
+    def operate_view(self, request: HttpRequest, action: str) -> HttpResponse:
+        return operate_view(self, request, action)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Task], search_term: str
+    ) -> tuple[QuerySet[Task], bool]:
+        """Exact matches only, each answered by an index: id, key (the identity index), trace id, user id."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q(trace_id=term) | Q(user_id=term) | Q(task_type__in=known_types(), key=term)
+        if term.isdigit() and int(term) <= MAX_BIGINT:
+            match |= Q(pk=int(term))
+        return queryset.filter(match), False
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        task = self.get_object(request, object_id)
+        if task is not None and self.has_view_permission(request, task):
+            extra_context = {**(extra_context or {}), **self.task_page(request, task)}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def task_page(self, request: HttpRequest, task: Task) -> dict[str, Any]:
+        """What the task page shows besides its fields: actions, attempts, other versions, history."""
+        actions = []
+        if self.has_operate_permission(request):
+            for name in applicable(task):
+                url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_operate", args=[name])
+                query = urlencode({"_selected_action": task.pk, "_from_task": 1, "select_across": 0})
+                actions.append({"name": name, "label": OPERATIONS[name].label, "url": f"{url}?{query}"})
+        versions = []
+        if task.key is not None:
+            versions = list(
+                Task.objects.filter(task_type=task.task_type, key=task.key)
+                .exclude(pk=task.pk)
+                .order_by("-version")
+                .only("id", "version", "status", "created_at")[:OTHER_VERSIONS_SHOWN]
+            )
+        events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("-at", "-id")[:EVENTS_SHOWN])
+        return {
+            "task_actions": actions,
+            "attempts_log": attempts_log(task),
+            "other_versions": versions,
+            "events": events,
+            "events_url": reverse("admin:taskflow_taskevent_changelist") + "?" + urlencode({"q": task.pk}),
+        }
+
+    @admin.display(description="key", ordering=None)
+    def key_version(self, task: Task) -> str:
+        return f"{task.key} @v{task.version}" if task.key is not None else display.EMPTY
+
+    @admin.display(description="status")
+    def status_badge(self, task: Task) -> SafeString:
+        return display.status_badge(task.status)
+
+    @admin.display(description="due")
+    def due(self, task: Task) -> str:
+        return display.relative(task.run_after) if task.status == Status.PENDING else display.EMPTY
+
+    @admin.display(description="worker")
+    def worker(self, task: Task) -> str:
+        if not task.worker_id:
+            return display.EMPTY
+        if task.status != Status.PROCESSING:
+            return task.worker_id
+        return format_html('<a href="{}">{}</a>', display.tasks_url(worker=task.worker_id), task.worker_id)
+
+    @admin.display(description="age")
+    def age(self, task: Task) -> str:
+        return display.age(task.created_at)
+
+    @admin.display(description="status message")
+    def status_msg_block(self, task: Task) -> str:
+        return display.text_block(task.status_msg)
+
+    @admin.display(description="payload")
+    def payload_block(self, task: Task) -> str:
+        return display.pretty_json(task.payload)
+
+    @admin.display(description="context")
+    def context_block(self, task: Task) -> str:
+        return display.pretty_json(task.context)
+
+    @admin.display(description="checkpoint")
+    def checkpoint_block(self, task: Task) -> str:
+        return display.pretty_json(task.checkpoint)
+
+    @admin.display(description="result")
+    def result_block(self, task: Task) -> str:
+        return display.pretty_json(task.result)
+
+
+def attempts_log(task: Task) -> list[dict[str, Any]]:
+    """The schedule log (newest attempt first) as table rows."""
+    rows = []
+    for entry in task.schedule_log or []:
+        if not isinstance(entry, dict):
+            continue
+        cost_ms = entry.get("cost_ms")
+        rows.append(
+            {
+                "attempt": entry.get("attempt"),
+                "worker": entry.get("worker") or "",
+                "started_at": parse_datetime(entry["started_at"]) if entry.get("started_at") else None,
+                "duration": f"{cost_ms / 1000:.3f} s" if isinstance(cost_ms, (int, float)) else "",
+                "outcome": entry.get("outcome") or "",
+                "error": entry.get("error") or "",
+            }
+        )
+    return rows
