@@ -1,4 +1,4 @@
-"""URLs of the example project: its pages at the site root (demo/urls.py), the admin console at /admin/, the API at /api/."""
+"""URLs of the example project: its pages at the site root (demo/urls.py), the console at /admin/, the API at /api/."""
 
 from django.contrib import admin
 from django.urls import include, path

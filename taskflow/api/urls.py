@@ -1,8 +1,8 @@
 """The API's URLs; a project mounts them with `path("api/", include("taskflow.api.urls"))`."""
 
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from drf_spectacular.renderers import OpenApiJsonRenderer
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from . import views
 from .permissions import LoggedIn
