@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 
 import taskflow
 
-from ..engine import operations, remote
+from ..engine import operations, remote, validation
 from ..engine.attempts import Outcome
 from ..engine.enqueueing import EXISTING
 from ..exceptions import NextStage
@@ -212,8 +212,20 @@ class TaskSetView(ApiView):
 # -- batches for remote workers ----------------------------------------------------------------------------
 
 
+class ReportRefSerializer(drf.Serializer):
+    """What every batched report must carry well-formed (its other fields are checked one by one)."""
+
+    task_id = s.TaskIdField()
+    lease = s.StrictInteger(min_value=0, max_value=validation.MAX_BIGINT)
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise drf.ValidationError("each item is a JSON object")
+        return super().to_internal_value({k: data[k] for k in ("task_id", "lease") if k in data})
+
+
 class ItemsSerializer(s.StrictSerializer):
-    items = drf.ListField(child=drf.DictField(), max_length=s.MAX_BATCH)
+    items = drf.ListField(child=ReportRefSerializer(), max_length=s.MAX_BATCH)
 
 
 def refused(task_id: Any, error: str, detail: str = "") -> dict[str, Any]:
@@ -232,18 +244,13 @@ class BatchSetView(ApiView):
 
     @extend_schema(
         operation_id="tasks_set_batch",
-        request={
-            "application/json": {
-                "type": "object",
-                "properties": {"items": {"type": "array", "items": {"type": "object"}}},
-                "required": ["items"],
-            }
-        },
+        request=s.BatchSetSerializer,
         responses={200: s.BatchResponseSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
         """Workers' reports: each the single set's fields plus `task_id` and `lease`; a bad item is refused alone."""
-        items = valid(ItemsSerializer, request.data)["items"]
+        valid(ItemsSerializer, request.data)  # a malformed task_id or lease is the client's bug: all refused
+        items = request.data["items"]
         results: list[dict[str, Any] | None] = [None] * len(items)
         reports: list[tuple[int, remote.RemoteReport]] = []
         checkpoints: list[tuple[int, remote.Held, Any]] = []
@@ -252,7 +259,7 @@ class BatchSetView(ApiView):
             if not serializer.is_valid():
                 fields = flatten(serializer.errors)
                 detail = "; ".join(f"{k}: {' '.join(v)}" for k, v in fields.items())
-                results[i] = refused(item.get("task_id", ""), "invalid", detail)
+                results[i] = refused(item["task_id"], "invalid", detail)
                 continue
             data = serializer.validated_data
             held = remote.Held(data["task_id"], data["lease"])
