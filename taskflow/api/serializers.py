@@ -361,12 +361,6 @@ class BatchSetItemSerializer(SetSerializer):
         return super().validate(attrs)
 
 
-class BatchSetSerializer(StrictSerializer):
-    """The batch of worker reports, as documented (the view checks each item on its own)."""
-
-    items = BatchSetItemSerializer(many=True, max_length=MAX_BATCH)
-
-
 class LeaseSerializer(StrictSerializer):
     task_id = TaskIdField()
     lease = StrictInteger(min_value=0, max_value=validation.MAX_BIGINT)

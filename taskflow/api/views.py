@@ -213,7 +213,7 @@ class TaskSetView(ApiView):
 
 
 class ReportRefSerializer(drf.Serializer):
-    """What every batched report must carry well-formed (its other fields are checked one by one)."""
+    """A worker report as in the single set, plus `task_id` and `lease`; only those two are checked for the batch."""
 
     task_id = s.TaskIdField()
     lease = s.StrictInteger(min_value=0, max_value=validation.MAX_BIGINT)
@@ -244,7 +244,9 @@ class BatchSetView(ApiView):
 
     @extend_schema(
         operation_id="tasks_set_batch",
-        request=s.BatchSetSerializer,
+        # Documented as accepted at the HTTP level: an item's other fields are checked one by one
+        # (a bad one is refused alone), so only task_id and lease are a request-wide contract.
+        request=ItemsSerializer,
         responses={200: s.BatchResponseSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
