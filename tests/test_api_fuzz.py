@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
 import taskflow
 from tests.apiclients import ROLES, user_with
 
-FUZZ_EXAMPLES = int(os.environ.get("TASKFLOW_FUZZ_EXAMPLES", "30"))
+FUZZ_EXAMPLES = int(os.environ.get("TASKFLOW_FUZZ_EXAMPLES", "25"))
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
