@@ -387,10 +387,15 @@ class StatsView(ApiView):
     @extend_schema(
         operation_id="stats",
         parameters=[OpenApiParameter("window_s", int, description="seconds of finished tasks the rates cover")],
-        responses={200: OpenApiTypes.OBJECT, **errors(400)},
+        responses={200: OpenApiTypes.OBJECT, **errors(400, 404)},
     )
     def get(self, request: Request) -> Response:
         """Per-type counts, oldest pending age, success rate and run times: the console's numbers."""
         query = valid(StatsQuerySerializer, request.query_params.dict())
-        stats = import_module("taskflow.engine.stats")  # the dashboard's module, loaded when first asked for
+        try:
+            stats = import_module("taskflow.engine.stats")  # the dashboard's module, loaded when first asked for
+        except ModuleNotFoundError as exc:
+            if exc.name != "taskflow.engine.stats":
+                raise
+            raise NotFound("stats are not available in this version of taskflow") from None
         return Response(stats.current(**query))
