@@ -333,3 +333,52 @@ class TaskEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} #{self.task_id}"
+
+
+class PeriodicTask(models.Model):
+    """A recurring schedule that the taskwatch leader turns into one task per tick (engine/periodic.py).
+
+    Rows come from TASKFLOW["PERIODIC"], from `taskflow.periodic(...)` in code, or from the console.
+    Each tick's task has key "periodic:<name>" and the tick's Unix time as its version.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True, help_text="letters, digits, '_', '.' and '-'")
+    task_type = models.CharField(max_length=100)
+    cron = models.CharField(
+        max_length=200, blank=True, default="", help_text='five fields, e.g. "*/5 * * * *" (or set "every")'
+    )
+    every = models.PositiveIntegerField(null=True, blank=True, help_text="seconds between ticks (or set a cron)")
+    timezone = models.CharField(max_length=64, default="UTC", help_text="the zone the cron is read in")
+    payload = models.JSONField(default=dict, blank=True)
+    priority = models.SmallIntegerField(default=0, help_text="-100..100, higher runs first")
+    catch_up = models.PositiveIntegerField(
+        default=0, help_text="after downtime, run at most this many missed ticks; 0 = only the latest"
+    )
+    enabled = models.BooleanField(default=True)
+
+    # "settings", "code" or "console"; a declared row follows its declaration whenever that changes
+    # (declared_hash is the declaration last applied), and keeps console edits in between.
+    source = models.CharField(max_length=10, default="console", editable=False)
+    declared_hash = models.CharField(max_length=64, blank=True, default="", editable=False)
+    # Every tick at or before this Unix second was fired or deliberately skipped.
+    settled_until = models.BigIntegerField(default=0, editable=False)
+    next_run_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_run_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="the last fired tick")
+    last_task_id = models.BigIntegerField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "periodic task"
+        indexes = [models.Index(fields=["enabled", "next_run_at"], name="taskflow_periodic_due_idx")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        """The engine's checks on a schedule, each error shown at its field."""
+        from .engine.periodic import schedule_errors
+
+        errors = schedule_errors(self)
+        if errors:
+            raise ValidationError(errors)

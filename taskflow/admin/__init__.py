@@ -1,7 +1,7 @@
 """The operator console, in the Django admin: tasks to inspect and steer, types, workers, history.
 
 One module per page: tasks.py (list and task page), actions.py (the operations and their
-confirmation page), configs.py (task types), workers.py, events.py (the audit trail),
+confirmation page), configs.py (task types), periodic.py (schedules), workers.py, events.py (the audit trail),
 coordination.py (leases, rolling positions). listing.py keeps every list fast at millions of rows;
 filters.py holds the task list's filters, display.py how values are shown.
 """
@@ -13,6 +13,7 @@ from django.contrib import admin
 from .configs import ScheduleCfgAdmin
 from .coordination import LockAdmin, SchedulePosAdmin
 from .events import TaskEventAdmin
+from .periodic import PeriodicTaskAdmin
 from .tasks import TaskAdmin
 from .workers import WorkerProcessAdmin
 
@@ -24,6 +25,7 @@ admin.site.index_title = "Tasks, workers and schedule configuration"
 
 __all__ = [
     "LockAdmin",
+    "PeriodicTaskAdmin",
     "ScheduleCfgAdmin",
     "SchedulePosAdmin",
     "TaskAdmin",
