@@ -92,8 +92,12 @@ class Declaration:
 # Validation
 
 
-def schedule_errors(schedule: Any) -> dict[str, str]:
-    """What is wrong with a schedule (a row or a Declaration), as {field: message}; empty if nothing."""
+def schedule_errors(schedule: Any, *, settings_known: bool = True) -> dict[str, str]:
+    """What is wrong with a schedule (a row or a Declaration), as {field: message}; empty if nothing.
+
+    `settings_known` False is for checking the TASKFLOW setting itself: the payload is then checked
+    as JSON but not against MAX_PAYLOAD_BYTES, which is being read from the same setting.
+    """
     errors: dict[str, str] = {}
     name = getattr(schedule, "name", None)
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -134,9 +138,14 @@ def schedule_errors(schedule: Any) -> dict[str, str]:
     if isinstance(catch_up, bool) or not isinstance(catch_up, int) or not 0 <= catch_up <= MAX_CATCH_UP:
         errors["catch_up"] = f"catch_up must be a whole number from 0 to {MAX_CATCH_UP}; got {catch_up!r}."
     try:
-        json_text("payload", schedule.payload)
+        if settings_known:
+            json_text("payload", schedule.payload)
+        else:
+            json.dumps(schedule.payload, allow_nan=False)
     except InvalidTask as exc:
         errors["payload"] = str(exc)
+    except (TypeError, ValueError, RecursionError) as exc:
+        errors["payload"] = f"payload must be JSON-serialisable: {exc}"
     if not isinstance(schedule.enabled, bool):
         errors["enabled"] = f"enabled must be True or False; got {schedule.enabled!r}."
     return errors
@@ -151,7 +160,7 @@ def _zone_or_none(name: object) -> ZoneInfo | None:
         return None
 
 
-def declaration(name: object, spec: object, source: str = "settings") -> Declaration:
+def declaration(name: object, spec: object, source: str = "settings", *, settings_known: bool = True) -> Declaration:
     """A declaration from its name and options; InvalidSchedule names the first thing wrong."""
     if not isinstance(spec, Mapping):
         raise InvalidSchedule(f"schedule {name!r} must be a dict of options; got {type(spec).__name__}")
@@ -168,7 +177,7 @@ def declaration(name: object, spec: object, source: str = "settings") -> Declara
         source=source,
         **options,
     )
-    errors = schedule_errors(decl)
+    errors = schedule_errors(decl, settings_known=settings_known)
     if errors:
         culprit, message = next(iter(errors.items()))
         raise InvalidSchedule(f"schedule {name!r}: {message.rstrip('.')}", culprit)
@@ -180,7 +189,7 @@ def declaration_problems(value: Mapping[Any, Any]) -> list[str]:
     problems = []
     for name, spec in value.items():
         try:
-            declaration(name, spec)
+            declaration(name, spec, settings_known=False)
         except InvalidSchedule as exc:
             problems.append(str(exc))
         else:
@@ -448,7 +457,7 @@ def fire_schedule(name: str, now: datetime | int | None = None, *, missed: bool 
         log.info(
             "periodic %s: fired %s%s",
             name,
-            ", ".join(f"tick {tick} as task {task.pk}" for tick, task in fired),
+            ", ".join(f"tick {tick} as task {task.pk} ({task.enqueue_outcome})" for tick, task in fired),
             f" (older missed ticks skipped: catch_up {row.catch_up})" if skipped else "",
         )
     return [task for _, task in fired]
