@@ -12,9 +12,9 @@ from django.urls import reverse
 from taskflow.conf import setting_problems
 from taskflow.engine import periodic
 from taskflow.engine.periodic import (
-    PeriodicDuty,
     create_schedule,
     edit_schedule,
+    fire_periodic_tasks,
     fire_schedule,
     next_tick,
     run_now,
@@ -228,15 +228,15 @@ def test_each_tick_is_fired_once_with_the_schedule_key_and_the_tick_as_version()
 
 @pytest.mark.django_db
 def test_a_tick_fired_again_returns_its_task_and_an_older_tick_is_refused():
-    make()
-    first = fire_schedule("beat", T0 + 20, missed=False)[-1]
-    second = periodic.enqueue("test.noop", key=schedule_key("beat"), version=T0 + 20)
+    make(every=1)
+    first = fire_schedule("beat", T0 + 2)[-1]
+    second = periodic.enqueue("test.noop", key=schedule_key("beat"), version=T0 + 2)
     assert (second.pk, second.enqueue_outcome) == (first.pk, "existing")
     # A row set back (say, restored from a backup) tries the older ticks again: identity refuses them.
-    PeriodicTask.objects.filter(pk="beat").update(settled_until=T0, next_run_at=datetime.fromtimestamp(T0 + 10, UTC))
-    [again] = fire_schedule("beat", T0 + 20, missed=False)
+    PeriodicTask.objects.filter(pk="beat").update(settled_until=T0, next_run_at=datetime.fromtimestamp(T0 + 1, UTC))
+    [again] = fire_schedule("beat", T0 + 2)
     assert (again.pk, again.enqueue_outcome) == (first.pk, "existing")
-    assert versions() == [T0 + 10, T0 + 20]
+    assert versions() == [T0 + 1, T0 + 2]
 
 
 @pytest.mark.django_db
@@ -249,33 +249,24 @@ def test_a_failed_tick_is_not_run_again_by_a_later_pass():
 
 
 @pytest.mark.django_db
-def test_a_leader_fires_every_tick_since_its_previous_pass():
+def test_ticks_due_within_the_continuity_window_all_fire_and_older_ones_were_missed():
     make(every=1)
-    duty = PeriodicDuty()
-    assert duty(T0 + 1) == 1  # first pass: only the latest (there is only one)
-    assert duty(T0 + 1) == 0
-    # A slow pass (within the continuity window, 3 s in the test settings) fires every tick since.
+    # Two passes and a hand-over: 2 x WATCH_INTERVAL + LEADER_TTL, 3 s in the test settings.
     assert periodic.continuity_window() == 3
-    assert duty(T0 + 4) == 3
-    assert versions() == [T0 + 1, T0 + 2, T0 + 3, T0 + 4]
+    assert fire_periodic_tasks(T0 + 1) == 1
+    assert fire_periodic_tasks(T0 + 1) == 0
+    assert fire_periodic_tasks(T0 + 4) == 3  # a slow pass, or a hand-over: nothing is lost
+    assert fire_periodic_tasks(T0 + 20) == 1  # downtime: catch_up 0 fires only the latest
+    assert versions() == [T0 + 1, T0 + 2, T0 + 3, T0 + 4, T0 + 20]
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("catch_up", "fired"), [(0, [T0 + 100]), (1, [T0 + 100]), (3, [T0 + 80, T0 + 90, T0 + 100])])
 def test_after_downtime_catch_up_decides_how_many_missed_ticks_run(catch_up, fired):
     make(catch_up=catch_up)
-    assert PeriodicDuty()(T0 + 105) == len(fired)  # a new leader: the ticks since T0 were missed
+    assert fire_periodic_tasks(T0 + 105) == len(fired)
     assert versions() == fired
     assert PeriodicTask.objects.get(pk="beat").settled_until == T0 + 105
-
-
-@pytest.mark.django_db
-def test_a_pass_long_after_the_previous_one_counts_as_downtime():
-    make()
-    duty = PeriodicDuty()
-    duty(T0 + 10)
-    assert duty(T0 + 10 + 600) == 1  # far beyond the continuity window
-    assert versions() == [T0 + 10, T0 + 610]
 
 
 @pytest.mark.django_db
@@ -283,11 +274,10 @@ def test_disabled_schedules_do_not_fire_and_enabling_does_not_fire_the_ticks_mis
     make(catch_up=5)
     assert set_enabled(["beat"], False, now=T0 + 1) == ["beat"]
     assert set_enabled(["beat"], False, now=T0 + 1) == []
-    duty = PeriodicDuty()
-    assert duty(T0 + 50) == 0
+    assert fire_periodic_tasks(T0 + 50) == 0
     assert set_enabled(["beat"], True, now=T0 + 55) == ["beat"]
     assert PeriodicTask.objects.get(pk="beat").next_run_at == datetime.fromtimestamp(T0 + 60, UTC)
-    assert duty(T0 + 61) == 1
+    assert fire_periodic_tasks(T0 + 61) == 1
     assert versions() == [T0 + 60]
 
 

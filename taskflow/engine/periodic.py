@@ -8,9 +8,10 @@ idempotent: a second enqueue of the same tick returns the first task and an olde
 same transaction as the enqueue (under the row's lock), so a tick is fired once even after its task
 failed, when a second enqueue of the identity would run it again.
 
-After downtime (a leader's first pass, or a pass long after its previous one) the due ticks were
-missed and `catch_up` decides: 0 fires only the latest, N fires the latest N. "Run now" enqueues
-under a key of its own, "periodic:<name>:manual", so it never takes a tick's identity.
+Ticks that came due while leaders ran (the schedule was settled less than two passes and a leader
+hand-over ago) all fire. After longer downtime the due ticks were missed and `catch_up` decides: 0
+fires only the latest, N fires the latest N. "Run now" enqueues under a key of its own,
+"periodic:<name>:manual", so it never takes a tick's identity.
 
 Declarations (TASKFLOW["PERIODIC"] and `taskflow.periodic(...)`) and console edits: the last change
 wins. `sync_schedules` applies a declaration when it first appears and whenever it changes (every
@@ -51,7 +52,7 @@ DECLARED_FIELDS = ("task_type", "cron", "every", "timezone", "payload", "priorit
 TIMING_FIELDS = ("cron", "every", "timezone")
 MAX_EVERY = 366 * 86400
 MAX_CATCH_UP = 1000
-# A continuous leader fires every tick since its previous pass; this only bounds a runaway.
+# On time, every due tick fires (a few at most: they came due within the continuity window); a bound all the same.
 MAX_TICKS_PER_PASS = 1000
 SOURCES = ("settings", "code", "console")
 
@@ -419,17 +420,19 @@ def due_schedules(now: datetime | int | None = None) -> QuerySet[PeriodicTask]:
 # Firing
 
 
-def fire_schedule(name: str, now: datetime | int | None = None, *, missed: bool = True) -> list[Task]:
+def fire_schedule(name: str, now: datetime | int | None = None) -> list[Task]:
     """Fire a schedule's due ticks, oldest first; returns their tasks.
 
-    `missed` says the due ticks were missed (downtime): then only the latest `catch_up` (at least
-    one) are fired and the older ones skipped. Otherwise every due tick fires.
+    Due ticks are on time when the schedule was settled at most `continuity_window()` ago (a pass
+    or a hand-over is no longer than that): every one fires. Otherwise they were missed (downtime)
+    and only the latest `catch_up` (at least one) fire; the older ones are skipped.
     """
     now_s = _unix(now)
     with transaction.atomic():
         row = PeriodicTask.objects.select_for_update().filter(pk=name, enabled=True).first()
         if row is None or row.next_run_at is None or _unix(row.next_run_at) > now_s:
             return []
+        missed = now_s - row.settled_until > continuity_window()
         limit = max(1, row.catch_up) if missed else MAX_TICKS_PER_PASS
         ticks = ticks_through(row, now_s, row.settled_until, limit + 1)
         skipped = len(ticks) > limit
@@ -464,34 +467,21 @@ def fire_schedule(name: str, now: datetime | int | None = None, *, missed: bool 
 
 
 def continuity_window() -> float:
-    """How recent a leader's previous pass must be for the ticks since then to count as on time, not missed."""
+    """The longest a schedule can go unsettled while leaders run: two passes and a leader hand-over.
+
+    Ticks that came due within it are on time (all fire); older ones were missed (downtime).
+    """
     s = get_settings()
     return 2 * s.WATCH_INTERVAL + s.LEADER_TTL
 
 
-class PeriodicDuty:
-    """The taskwatch duty: syncs the declarations, then fires every due schedule.
-
-    It remembers its last successful pass: a pass within `continuity_window()` of it fires every
-    due tick (they came due while this leader watched); any other pass (the first after a start or a
-    hand-over, or one after a long stall) treats the due ticks as missed and applies `catch_up`.
-    """
-
-    def __init__(self) -> None:
-        self.previous_pass: int | None = None
-
-    def __call__(self, now: datetime | None = None, keep_going: Callable[[], bool] = lambda: True) -> int:
-        now_s = _unix(now)
-        previous = self.previous_pass
-        missed = previous is None or not 0 <= now_s - previous <= continuity_window()
-        sync_schedules(now_s)
-        fired = 0
-        for name in list(due_schedules(now_s).values_list("name", flat=True)):
-            if not keep_going():
-                return fired
-            fired += len(fire_schedule(name, now_s, missed=missed))
-        self.previous_pass = now_s
-        return fired
-
-
-fire_periodic_tasks = PeriodicDuty()
+def fire_periodic_tasks(now: datetime | None = None, keep_going: Callable[[], bool] = lambda: True) -> int:
+    """The taskwatch duty: sync the declarations, then fire every due schedule; returns how many tasks it fired."""
+    now_s = _unix(now)
+    sync_schedules(now_s)
+    fired = 0
+    for name in list(due_schedules(now_s).values_list("name", flat=True)):
+        if not keep_going():
+            break
+        fired += len(fire_schedule(name, now_s))
+    return fired
