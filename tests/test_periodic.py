@@ -270,6 +270,16 @@ def test_after_downtime_catch_up_decides_how_many_missed_ticks_run(catch_up, fir
 
 
 @pytest.mark.django_db
+def test_a_broken_row_is_logged_and_does_not_stop_the_other_schedules(caplog):
+    make("broken")
+    make("fine")
+    PeriodicTask.objects.filter(pk="broken").update(every=None, cron="0 3 * * *", timezone="Nowhere/Land")
+    assert fire_periodic_tasks(T0 + 10) == 1
+    assert versions("fine") == [T0 + 10]
+    assert "periodic broken could not fire" in caplog.text
+
+
+@pytest.mark.django_db
 def test_disabled_schedules_do_not_fire_and_enabling_does_not_fire_the_ticks_missed_meanwhile():
     make(catch_up=5)
     assert set_enabled(["beat"], False, now=T0 + 1) == ["beat"]

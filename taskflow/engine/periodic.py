@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import QuerySet
 
 from ..conf import get_settings
@@ -478,10 +478,19 @@ def continuity_window() -> float:
 def fire_periodic_tasks(now: datetime | None = None, keep_going: Callable[[], bool] = lambda: True) -> int:
     """The taskwatch duty: sync the declarations, then fire every due schedule; returns how many tasks it fired."""
     now_s = _unix(now)
-    sync_schedules(now_s)
+    try:
+        sync_schedules(now_s)
+    except InvalidSchedule as exc:  # a declaration in code clashing with the settings: the rows still fire
+        log.error("periodic schedules not synced: %s", exc)
     fired = 0
     for name in list(due_schedules(now_s).values_list("name", flat=True)):
         if not keep_going():
             break
-        fired += len(fire_schedule(name, now_s))
+        try:
+            fired += len(fire_schedule(name, now_s))
+        except DatabaseError:
+            raise  # the watcher reconnects and tries the whole duty again next pass
+        except Exception:
+            # One broken row (say, a time zone this host's tz database lacks) must not stop the others.
+            log.exception("periodic %s could not fire; trying again next pass", name)
     return fired
