@@ -227,16 +227,20 @@ def test_each_tick_is_fired_once_with_the_schedule_key_and_the_tick_as_version()
 
 
 @pytest.mark.django_db
-def test_a_tick_fired_again_returns_its_task_and_an_older_tick_is_refused():
+def test_a_tick_fired_again_returns_its_task_and_an_older_tick_is_refused(caplog):
     make(every=1)
-    first = fire_schedule("beat", T0 + 2)[-1]
+    [first] = fire_schedule("beat", T0 + 2)
     second = periodic.enqueue("test.noop", key=schedule_key("beat"), version=T0 + 2)
     assert (second.pk, second.enqueue_outcome) == (first.pk, "existing")
     # A row set back (say, restored from a backup) tries the older ticks again: identity refuses them.
-    PeriodicTask.objects.filter(pk="beat").update(settled_until=T0, next_run_at=datetime.fromtimestamp(T0 + 1, UTC))
+    PeriodicTask.objects.filter(pk="beat").update(
+        settled_until=T0, next_run_at=datetime.fromtimestamp(T0 + 1, UTC), catch_up=2, last_task_id=None
+    )
+    assert fire_schedule("beat", T0 + 2) == []
+    assert f"tick {T0 + 1} refused" in caplog.text
     [again] = fire_schedule("beat", T0 + 2)
     assert (again.pk, again.enqueue_outcome) == (first.pk, "existing")
-    assert versions() == [T0 + 1, T0 + 2]
+    assert versions() == [T0 + 2]
 
 
 @pytest.mark.django_db
@@ -249,24 +253,40 @@ def test_a_failed_tick_is_not_run_again_by_a_later_pass():
 
 
 @pytest.mark.django_db
-def test_ticks_due_within_the_continuity_window_all_fire_and_older_ones_were_missed():
+def test_without_catch_up_the_latest_due_tick_fires_and_supersedes_a_waiting_one():
     make(every=1)
-    # Two passes and a hand-over: 2 x WATCH_INTERVAL + LEADER_TTL, 3 s in the test settings.
-    assert periodic.continuity_window() == 3
     assert fire_periodic_tasks(T0 + 1) == 1
     assert fire_periodic_tasks(T0 + 1) == 0
-    assert fire_periodic_tasks(T0 + 4) == 3  # a slow pass, or a hand-over: nothing is lost
-    assert fire_periodic_tasks(T0 + 20) == 1  # downtime: catch_up 0 fires only the latest
-    assert versions() == [T0 + 1, T0 + 2, T0 + 3, T0 + 4, T0 + 20]
+    assert fire_periodic_tasks(T0 + 4) == 1  # a slow pass or a hand-over: T0+2 and T0+3 are skipped
+    assert versions() == [T0 + 1, T0 + 4]
+    older = Task.objects.get(key=schedule_key("beat"), version=T0 + 1)
+    assert (older.status, older.status_msg) == (Status.STOPPED, f"superseded by version {T0 + 4}")
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("catch_up", "fired"), [(0, [T0 + 100]), (1, [T0 + 100]), (3, [T0 + 80, T0 + 90, T0 + 100])])
-def test_after_downtime_catch_up_decides_how_many_missed_ticks_run(catch_up, fired):
+@pytest.mark.parametrize("catch_up", [0, 1])
+def test_after_downtime_the_default_skips_to_the_latest_tick(catch_up):
     make(catch_up=catch_up)
-    assert fire_periodic_tasks(T0 + 105) == len(fired)
-    assert versions() == fired
-    assert PeriodicTask.objects.get(pk="beat").settled_until == T0 + 105
+    assert fire_periodic_tasks(T0 + 105) == 1
+    assert versions() == [T0 + 100]
+    assert PeriodicTask.objects.get(pk="beat").next_run_at == datetime.fromtimestamp(T0 + 110, UTC)
+
+
+@pytest.mark.django_db
+def test_catch_up_runs_the_latest_n_missed_ticks_one_after_another():
+    make(catch_up=3)
+    assert fire_periodic_tasks(T0 + 105) == 1
+    assert versions() == [T0 + 80]  # the oldest of the latest three; T0+10 ... T0+70 are skipped
+    assert fire_periodic_tasks(T0 + 106) == 0  # the next waits while T0+80's task is unfinished
+    for expected in ([T0 + 80, T0 + 90], [T0 + 80, T0 + 90, T0 + 100]):
+        Task.objects.filter(key=schedule_key("beat")).update(status=Status.SUCCESS)
+        assert fire_periodic_tasks(T0 + 107) == 1
+        assert versions() == expected
+    Task.objects.filter(key=schedule_key("beat")).update(status=Status.SUCCESS)
+    assert fire_periodic_tasks(T0 + 108) == 0  # caught up: the next tick is T0+110
+    row = PeriodicTask.objects.get(pk="beat")
+    assert (row.settled_until, row.next_run_at) == (T0 + 100, datetime.fromtimestamp(T0 + 110, UTC))
+    assert not Task.objects.filter(status=Status.STOPPED).exists()  # none superseded another
 
 
 @pytest.mark.django_db

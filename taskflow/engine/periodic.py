@@ -8,9 +8,10 @@ idempotent: a second enqueue of the same tick returns the first task and an olde
 same transaction as the enqueue (under the row's lock), so a tick is fired once even after its task
 failed, when a second enqueue of the identity would run it again.
 
-Ticks that came due while leaders ran (the schedule was settled less than two passes and a leader
-hand-over ago) all fire. After longer downtime the due ticks were missed and `catch_up` decides: 0
-fires only the latest, N fires the latest N. "Run now" enqueues under a key of its own,
+When several ticks are due (downtime, a hand-over, a slow pass), `catch_up` decides: 0 fires only
+the latest (a newer tick's task also supersedes an older one still waiting: the newest version
+wins); N fires the latest N one after another, each once the previous tick's task has finished, so
+they never overlap nor supersede each other. "Run now" enqueues under a key of its own,
 "periodic:<name>:manual", so it never takes a tick's identity.
 
 Declarations (TASKFLOW["PERIODIC"] and `taskflow.periodic(...)`) and console edits: the last change
@@ -37,7 +38,7 @@ from django.db.models import QuerySet
 
 from ..conf import get_settings
 from ..exceptions import InvalidSchedule, InvalidTask, StaleVersion
-from ..models import PeriodicTask, Task
+from ..models import PeriodicTask, Status, Task
 from .enqueueing import enqueue
 from .validation import json_text, validate_priority, validate_task_type
 
@@ -52,8 +53,6 @@ DECLARED_FIELDS = ("task_type", "cron", "every", "timezone", "payload", "priorit
 TIMING_FIELDS = ("cron", "every", "timezone")
 MAX_EVERY = 366 * 86400
 MAX_CATCH_UP = 1000
-# On time, every due tick fires (a few at most: they came due within the continuity window); a bound all the same.
-MAX_TICKS_PER_PASS = 1000
 SOURCES = ("settings", "code", "console")
 
 
@@ -421,23 +420,27 @@ def due_schedules(now: datetime | int | None = None) -> QuerySet[PeriodicTask]:
 
 
 def fire_schedule(name: str, now: datetime | int | None = None) -> list[Task]:
-    """Fire a schedule's due ticks, oldest first; returns their tasks.
+    """Fire the schedule's next tick if it is due; returns the task (or nothing).
 
-    Due ticks are on time when the schedule was settled at most `continuity_window()` ago (a pass
-    or a hand-over is no longer than that): every one fires. Otherwise they were missed (downtime)
-    and only the latest `catch_up` (at least one) fire; the older ones are skipped.
+    `catch_up` 0: the latest due tick fires and any older due ones are skipped; its task supersedes
+    a previous tick's task still waiting (the identity rules: the newest version wins).
+    `catch_up` N: the ticks run one after another. While the previous tick's task is unfinished
+    nothing fires; then the oldest of the latest N due ticks fires (older ones are skipped) and
+    the newer ones stay due for the next passes.
     """
     now_s = _unix(now)
     with transaction.atomic():
         row = PeriodicTask.objects.select_for_update().filter(pk=name, enabled=True).first()
         if row is None or row.next_run_at is None or _unix(row.next_run_at) > now_s:
             return []
-        missed = now_s - row.settled_until > continuity_window()
-        limit = max(1, row.catch_up) if missed else MAX_TICKS_PER_PASS
-        ticks = ticks_through(row, now_s, row.settled_until, limit + 1)
-        skipped = len(ticks) > limit
-        fired: list[tuple[int, Task]] = []
-        for tick in sorted(ticks[:limit]):
+        if row.catch_up and _unfinished(row.last_task_id):
+            return []
+        keep = max(1, row.catch_up)
+        due = ticks_through(row, now_s, row.settled_until, keep + 1)  # newest first
+        tick = due[:keep][-1] if due else None
+        settled = tick if row.catch_up and tick is not None else now_s
+        task = None
+        if tick is not None:
             try:
                 task = enqueue(
                     row.task_type,
@@ -449,30 +452,30 @@ def fire_schedule(name: str, now: datetime | int | None = None) -> list[Task]:
                 )
             except StaleVersion as exc:  # a newer tick already has a task: this one is refused
                 log.warning("periodic %s: tick %d refused (%s)", name, tick, exc)
-                continue
-            fired.append((tick, task))
-        changes: dict[str, Any] = {"settled_until": now_s, "next_run_at": _moment(next_tick(row, now_s))}
-        if fired:
-            changes.update(last_run_at=_moment(fired[-1][0]), last_task_id=fired[-1][1].pk)
+        changes: dict[str, Any] = {"settled_until": settled, "next_run_at": _moment(next_tick(row, settled))}
+        if task is not None:
+            changes.update(last_run_at=_moment(tick), last_task_id=task.pk)
         # Guarded by the settled second read under the lock: the row moves forward exactly once per firing.
         PeriodicTask.objects.filter(pk=name, enabled=True, settled_until=row.settled_until).update(**changes)
-    if fired:
-        log.info(
-            "periodic %s: fired %s%s",
-            name,
-            ", ".join(f"tick {tick} as task {task.pk} ({task.enqueue_outcome})" for tick, task in fired),
-            f" (older missed ticks skipped: catch_up {row.catch_up})" if skipped else "",
-        )
-    return [task for _, task in fired]
+    if task is None:
+        return []
+    log.info(
+        "periodic %s: fired tick %d as task %s (%s)%s",
+        name,
+        tick,
+        task.pk,
+        task.enqueue_outcome,
+        f"; {len(due) - keep}+ older due tick(s) skipped (catch_up {row.catch_up})" if len(due) > keep else "",
+    )
+    return [task]
 
 
-def continuity_window() -> float:
-    """The longest a schedule can go unsettled while leaders run: two passes and a leader hand-over.
-
-    Ticks that came due within it are on time (all fire); older ones were missed (downtime).
-    """
-    s = get_settings()
-    return 2 * s.WATCH_INTERVAL + s.LEADER_TTL
+def _unfinished(task_id: int | None) -> bool:
+    """Whether a tick's task is still to finish (any status but success, failed or stopped)."""
+    if task_id is None:
+        return False
+    finished = (Status.SUCCESS, Status.FAILED, Status.STOPPED)
+    return Task.objects.filter(pk=task_id).exclude(status__in=finished).exists()
 
 
 def fire_periodic_tasks(now: datetime | None = None, keep_going: Callable[[], bool] = lambda: True) -> int:
