@@ -321,7 +321,29 @@ def test_changing_the_timing_settles_past_ticks_and_other_edits_keep_them():
     assert (row.settled_until, row.next_run_at) == (T0 + 35, datetime.fromtimestamp(T0 + 40, UTC))
     with pytest.raises(InvalidSchedule):
         edit_schedule("beat", {"settled_until": 0})
+    with pytest.raises(InvalidSchedule, match="Unknown time zone") as raised:
+        edit_schedule("beat", {"timezone": "Nowhere/Land"})
+    assert raised.value.field == "timezone"
+    assert PeriodicTask.objects.get(pk="beat").timezone == "UTC"
     assert not edit_schedule("nothing", {"every": 5})
+
+
+@pytest.mark.django_db
+def test_create_schedule_refuses_a_malformed_row():
+    with pytest.raises(InvalidSchedule, match="Not a valid cron expression") as raised:
+        create_schedule(PeriodicTask(name="bad", task_type="test.noop", cron="*/0 * * * *"))
+    assert raised.value.field == "cron"
+    assert not PeriodicTask.objects.exists()
+
+
+@pytest.mark.django_db
+def test_manage_py_check_names_a_bad_schedule():
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    bad = {"nightly": {"task_type": "test.noop", "cron": "0 25 * * *"}}
+    with _with_periodic(bad), pytest.raises(SystemCheckError, match=r"taskflow.E004.*schedule 'nightly'.*Bad hour"):
+        call_command("check")
 
 
 @pytest.mark.django_db

@@ -355,7 +355,8 @@ def _create(decl: Declaration, digest: str, now_s: int) -> int:
 
 
 def create_schedule(row: PeriodicTask, *, now: datetime | int | None = None) -> PeriodicTask:
-    """Insert a new (validated) schedule row; its first tick is the first one after now."""
+    """Insert a new schedule row; its first tick is the first one after now. InvalidSchedule if malformed."""
+    _refuse_errors(row)
     now_s = _unix(now)
     row.settled_until = now_s
     row.next_run_at = _moment(next_tick(row, now_s)) if row.enabled else None
@@ -364,7 +365,7 @@ def create_schedule(row: PeriodicTask, *, now: datetime | int | None = None) -> 
 
 
 def edit_schedule(name: str, changes: Mapping[str, Any], *, now: datetime | int | None = None) -> bool:
-    """Apply a (validated) console edit of a schedule; returns whether the row exists.
+    """Apply an edit of a schedule's declared fields; returns whether the row exists. InvalidSchedule if malformed.
 
     Ticks already past are settled without firing when the timing changes or the schedule is
     enabled again: neither edit may fire a burst of "missed" ticks.
@@ -386,11 +387,19 @@ def _edit(name: str, changes: Mapping[str, Any], now_s: int) -> int:
         timing = tuple(getattr(row, f) for f in TIMING_FIELDS)
         for attr, value in changes.items():
             setattr(row, attr, value)
+        _refuse_errors(row)
         if tuple(getattr(row, f) for f in TIMING_FIELDS) != timing or (row.enabled and not was_enabled):
             row.settled_until = max(row.settled_until, now_s)
         row.next_run_at = _moment(next_tick(row, row.settled_until)) if row.enabled else None
         row.save(update_fields=[*changes, "settled_until", "next_run_at", "updated_at"])
     return 1
+
+
+def _refuse_errors(row: PeriodicTask) -> None:
+    errors = schedule_errors(row)
+    if errors:
+        culprit, message = next(iter(errors.items()))
+        raise InvalidSchedule(f"schedule {row.name!r}: {message.rstrip('.')}", culprit)
 
 
 def set_enabled(names: Iterable[str], enabled: bool, *, now: datetime | int | None = None) -> list[str]:
