@@ -352,7 +352,8 @@ class PeriodicTask(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     priority = models.SmallIntegerField(default=0, help_text="-100..100, higher runs first")
     catch_up = models.PositiveIntegerField(
-        default=0, help_text="after downtime, run at most this many missed ticks; 0 = only the latest"
+        default=0,
+        help_text="when several ticks are due, run the latest N one after another; 0 = only the latest",
     )
     enabled = models.BooleanField(default=True)
 

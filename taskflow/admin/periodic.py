@@ -8,6 +8,7 @@ Editing needs `taskflow.change_periodictask`; "run now" enqueues a task and so n
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -17,6 +18,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -40,9 +42,9 @@ class PeriodicTaskAdmin(ConsoleAdmin):
         (None, {"fields": ["name", "enabled", "source_note"]}),
         ("What runs", {"fields": ["task_type", "payload", "priority"]}),
         ("When", {"fields": ["cron", "every", "timezone", "catch_up"]}),
-        ("Runs", {"fields": ["next_run_at", "last_run", "tasks", "settled"]}),
+        ("Runs", {"fields": ["next_run", "last_run", "tasks", "settled"]}),
     ]
-    readonly_fields = ["source_note", "next_run_at", "last_run", "tasks", "settled"]
+    readonly_fields = ["source_note", "next_run", "last_run", "tasks", "settled"]
 
     class Media:
         css = {"all": ["taskflow/console.css"]}
@@ -119,10 +121,10 @@ class PeriodicTaskAdmin(ConsoleAdmin):
             try:
                 task = periodic.run_now(name)
             except StaleVersion as exc:  # the clock went back past an earlier "run now"
-                messages.error(request, f"{name}: not run ({exc}).")
+                messages.error(request, f"Schedule {name}: not run ({exc}).")
                 continue
             done = "already ran this second as" if task.enqueue_outcome == "existing" else "enqueued"
-            messages.success(request, format_html("{}: {} task {}.", name, done, display.task_link(task.pk)))
+            messages.success(request, format_html("Schedule {}: {} task {}.", name, done, display.task_link(task.pk)))
 
     @admin.display(description="schedule")
     def schedule(self, schedule: PeriodicTask) -> str:
@@ -132,7 +134,7 @@ class PeriodicTaskAdmin(ConsoleAdmin):
     def next_run(self, schedule: PeriodicTask) -> str:
         if schedule.next_run_at is None:
             return "disabled" if not schedule.enabled else display.EMPTY
-        return f"{schedule.next_run_at:%Y-%m-%d %H:%M:%S} ({display.relative(schedule.next_run_at)})"
+        return f"{_local(schedule.next_run_at)} ({display.relative(schedule.next_run_at)})"
 
     @admin.display(description="last run", ordering="last_run_at")
     def last_run(self, schedule: PeriodicTask) -> SafeString | str:
@@ -140,7 +142,7 @@ class PeriodicTaskAdmin(ConsoleAdmin):
             return display.EMPTY
         return format_html(
             "{} ({}) · task {}",
-            f"{schedule.last_run_at:%Y-%m-%d %H:%M:%S}",
+            _local(schedule.last_run_at),
             display.relative(schedule.last_run_at),
             display.task_link(schedule.last_task_id),
         )
@@ -164,3 +166,8 @@ class PeriodicTaskAdmin(ConsoleAdmin):
             f"declared in {where}: edits here stand until the declaration changes, which then applies "
             "again (every declared field, enabled included)"
         )
+
+
+def _local(moment: datetime) -> str:
+    """A time in the site's time zone, to the second, with the zone's name."""
+    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M:%S %Z}"
