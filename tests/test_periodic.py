@@ -500,3 +500,37 @@ def test_a_declared_schedule_cannot_be_deleted_in_the_console(admin_client):
     response = admin_client.post(reverse("admin:taskflow_periodictask_delete", args=["handmade"]), {"post": "yes"})
     assert response.status_code == 302
     assert sorted(PeriodicTask.objects.values_list("name", flat=True)) == ["nightly", "often"]
+
+
+# --- a split brain: two leaders firing the same tick at once ------------------------------------
+
+
+def test_two_processes_firing_the_same_tick_at_once_make_one_task(transactional_db):
+    import threading
+
+    from django.db import connection
+
+    make("race", every=10)
+    results: list[list[Task]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def fire() -> None:
+        try:
+            start.wait()
+            results.append(fire_schedule("race", T0 + 10))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=fire) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    fired = [task for tasks in results for task in tasks]
+    # The row lock (SQLite: the write lock) lets one firing through; the others find the tick settled.
+    assert [t.enqueue_outcome for t in fired] == ["created"]
+    assert versions("race") == [T0 + 10]
