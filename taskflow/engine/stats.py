@@ -222,9 +222,9 @@ def _count_live(rows: dict[str, TaskStats], types: list[str], now: datetime) -> 
 
 def _count_all_if_due(rows: dict[str, TaskStats], now: datetime) -> None:
     """Tasks by type and status, if the last count is old enough for its cost (see COUNT_EFFORT)."""
-    last = min((s.counted_at for s in rows.values() if s.counted_at), default=None)
-    cost = max((s.count_seconds for s in rows.values()), default=0.0)
-    if last is not None and all(s.counted_at for s in rows.values()):
+    if all(s.counted_at for s in rows.values()):  # a new type is counted at once
+        last = min(s.counted_at for s in rows.values() if s.counted_at)
+        cost = max(s.count_seconds for s in rows.values())
         if (now - last).total_seconds() < cost / COUNT_EFFORT:
             return
     began = time.perf_counter()
