@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.contrib.admin.utils import quote
@@ -34,6 +35,7 @@ def dashboard_view(request: HttpRequest) -> TemplateResponse:
     if not request.user.has_perm(VIEW_PERMISSION):
         raise PermissionDenied
     data = stats.current(WINDOW_S)
+    list_url = display.tasks_url()
     generated = datetime.fromisoformat(data["generated_at"])
     # Refreshed every pass: older than a few passes means no taskwatch leads.
     stale_after = max(60.0, 3 * get_settings().WATCH_INTERVAL)
@@ -42,13 +44,13 @@ def dashboard_view(request: HttpRequest) -> TemplateResponse:
         **admin.site.each_context(request),
         "title": "Dashboard",
         "opts": Task._meta,
-        "cards": [_card(task_type, numbers) for task_type, numbers in data["types"].items()],
+        "cards": [_card(task_type, numbers, list_url) for task_type, numbers in data["types"].items()],
         "generated": generated,
         "stale": age > stale_after,
         "refreshed_ago": display.age(generated),
         "window_minutes": WINDOW_S // 60,
         "statuses": [s.value for s in Status],
-        "tasks_url": display.tasks_url(),
+        "tasks_url": list_url,
     }
     return TemplateResponse(request, "taskflow/dashboard.html", context)
 
@@ -58,13 +60,14 @@ def _local(when: datetime) -> str:
     return timezone.localtime(when).strftime("%Y-%m-%dT%H:%M:%S.%f")
 
 
-def _card(task_type: str, n: dict[str, Any]) -> dict[str, Any]:
+def _card(task_type: str, n: dict[str, Any], list_url: str) -> dict[str, Any]:
     """What one type's panel shows: each number with the list of the tasks behind it."""
     minutes = n["per_minute"]
     since = datetime.fromisoformat(minutes[0]["minute"]) if minutes else timezone.now()
 
     def tasks(**filters: str) -> str:
-        return display.tasks_url(task_type=task_type, **filters)
+        # One reverse() per page, not one per link: a page has hundreds (a bar per minute and type).
+        return f"{list_url}?{urlencode({'task_type': task_type, **filters})}"
 
     def finished(status: str | None = None, start: datetime = since, end: datetime | None = None) -> str:
         filters = {"finished_from": _local(start)}

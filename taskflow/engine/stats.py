@@ -259,17 +259,20 @@ def current(window_s: int = 3600) -> dict[str, Any]:
     last_minute = _floor_minute(generated)
     n_minutes = math.ceil(window_s / 60)
     first_minute = last_minute - timedelta(minutes=n_minutes - 1)
-    by_type: dict[str, dict[datetime, TaskStatsMinute]] = defaultdict(dict)
-    for m in TaskStatsMinute.objects.filter(minute__gte=first_minute, minute__lte=last_minute):
-        by_type[m.task_type][m.minute] = m
+    # Tuples, not model instances: a day's window is 1,440 rows per type.
+    by_type: dict[str, dict[datetime, tuple[int, int, list[int]]]] = defaultdict(dict)
+    for task_type, minute, completed, failed, buckets in TaskStatsMinute.objects.filter(
+        minute__gte=first_minute, minute__lte=last_minute
+    ).values_list("task_type", "minute", "completed", "failed", "run_time_buckets"):
+        by_type[task_type][minute] = (completed, failed, buckets)
     minutes = [first_minute + timedelta(minutes=i) for i in range(n_minutes)]
     types = {}
     for cfg in cfgs:
         stats = rows.get(cfg.task_type)
         mine = by_type.get(cfg.task_type, {})
-        completed = sum(m.completed for m in mine.values())
-        failed = sum(m.failed for m in mine.values())
-        buckets = [sum(col) for col in zip(*(m.run_time_buckets for m in mine.values()), strict=True)] or [0] * (
+        completed = sum(m[0] for m in mine.values())
+        failed = sum(m[1] for m in mine.values())
+        buckets = [sum(col) for col in zip(*(m[2] for m in mine.values()), strict=True)] or [0] * (
             len(RUN_TIME_BOUNDS_MS) + 1
         )
         pending_since = stats.oldest_pending_since if stats else None
@@ -286,8 +289,8 @@ def current(window_s: int = 3600) -> dict[str, Any]:
             "per_minute": [
                 {
                     "minute": minute.isoformat(),
-                    "completed": mine[minute].completed if minute in mine else 0,
-                    "failed": mine[minute].failed if minute in mine else 0,
+                    "completed": mine[minute][0] if minute in mine else 0,
+                    "failed": mine[minute][1] if minute in mine else 0,
                 }
                 for minute in minutes
             ],
