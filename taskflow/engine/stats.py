@@ -17,7 +17,7 @@ duty) keeps two small tables:
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import math
 import time
 from collections import defaultdict
@@ -25,14 +25,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Case, Count, DurationField, ExpressionWrapper, F, IntegerField, Sum, Value, When
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from ..models import ScheduleCfg, Status, Task, TaskStats, TaskStatsMinute
-
-log = logging.getLogger("taskflow.watch")
 
 # Upper bounds (ms) of the run-time histogram's buckets; one more bucket holds everything longer.
 RUN_TIME_BOUNDS_MS: tuple[float, ...] = (
@@ -253,7 +251,9 @@ def current(window_s: int = 3600) -> dict[str, Any]:
     cfgs = list(ScheduleCfg.objects.order_by("task_type"))
     rows = {s.task_type: s for s in TaskStats.objects.filter(task_type__in=[c.task_type for c in cfgs])}
     if cfgs and not rows:
-        refresh()
+        # If taskwatch's first refresh gets there first, this one's insert fails: read what it wrote.
+        with contextlib.suppress(IntegrityError):
+            refresh()
         rows = {s.task_type: s for s in TaskStats.objects.filter(task_type__in=[c.task_type for c in cfgs])}
     generated = max((s.refreshed_at for s in rows.values()), default=None) or timezone.now()
     last_minute = _floor_minute(generated)
