@@ -199,3 +199,22 @@ def test_refresh_is_a_taskwatch_duty() -> None:
 )
 def test_quantile_interpolates_within_its_bucket(buckets: list[int], q: float, expected: float | None) -> None:
     assert stats.quantile(buckets, q) == expected
+
+
+@pytest.mark.processes
+def test_a_taskwatch_process_keeps_the_rollup_current_while_a_worker_runs_tasks(spawn) -> None:  # noqa: ANN001
+    from .conftest import wait_until
+
+    spawn("taskwatch")
+    spawn("taskworker", "--types", A, "--concurrency", "2")
+    for _ in range(5):
+        taskflow.enqueue(A)
+
+    def counted() -> dict | None:
+        numbers = stats.current()["types"][A]
+        return numbers if numbers["counts"]["success"] == 5 else None
+
+    numbers = wait_until(counted, timeout=60)
+    assert sum(m["completed"] for m in numbers["per_minute"]) == 5
+    assert numbers["success_rate"] == 1.0 and numbers["run_time_ms"]["p50"] is not None
+    assert numbers["in_flight"] == 0
