@@ -113,8 +113,8 @@ def _roll_minutes(rows: dict[str, TaskStats], now: datetime) -> int:
         # Guarded by the boundary read above: a second refresher racing this one adds nothing twice.
         for task_type, stats in rows.items():
             begin = stats.rolled_until or start
-            if stats.rolled_until is not None and stats.rolled_until > final_until:
-                continue
+            if stats.rolled_until is not None and stats.rolled_until >= final_until:
+                continue  # no minute became final since the last pass
             totals = _add_to_totals(
                 stats.totals,
                 (m for (t, minute), m in minutes.items() if t == task_type and begin <= minute < final_until),
