@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
@@ -30,7 +31,7 @@ WINDOW_S = 3600
 URL_NAME = "taskflow_dashboard"
 
 
-def dashboard_view(request: HttpRequest) -> TemplateResponse:
+def dashboard_view(request: HttpRequest, site: admin.AdminSite = admin.site) -> TemplateResponse:
     """The dashboard page; staff only (admin_view), and `view_task` to see tasks' numbers."""
     if not request.user.has_perm(VIEW_PERMISSION):
         raise PermissionDenied
@@ -41,7 +42,7 @@ def dashboard_view(request: HttpRequest) -> TemplateResponse:
     stale_after = max(60.0, 3 * get_settings().WATCH_INTERVAL)
     age = (timezone.now() - generated).total_seconds()
     context = {
-        **admin.site.each_context(request),
+        **site.each_context(request),
         "title": "Dashboard",
         "opts": Task._meta,
         "cards": [_card(task_type, numbers, list_url) for task_type, numbers in data["types"].items()],
@@ -126,7 +127,8 @@ def install(site: admin.AdminSite) -> None:
 
     def get_urls() -> list[URLPattern]:
         # Before the site's own patterns; "taskflow/dashboard/" matches none of them anyway.
-        return [path("taskflow/dashboard/", site.admin_view(dashboard_view), name=URL_NAME), *site_urls()]
+        view = site.admin_view(partial(dashboard_view, site=site))
+        return [path("taskflow/dashboard/", view, name=URL_NAME), *site_urls()]
 
     def get_app_list(request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
         apps = site_app_list(request, app_label)
