@@ -183,6 +183,32 @@ def test_minute_rows_older_than_a_day_are_deleted(now) -> None:  # noqa: ANN001
     assert stats.totals()[A]["completed"] == 1
 
 
+def test_after_a_long_stop_minutes_older_than_a_day_are_skipped_not_scanned(now) -> None:  # noqa: ANN001
+    finished(A, Status.SUCCESS, now - timedelta(minutes=5), 20)
+    stats.refresh(now)
+    later = now + timedelta(days=3)
+    finished(A, Status.SUCCESS, later - timedelta(hours=30), 20)  # while no taskwatch led: too old to show
+    finished(A, Status.FAILED, later - timedelta(minutes=10), 20)
+
+    stats.refresh(later)
+
+    totals = stats.totals()[A]
+    assert (totals["completed"], totals["failed"]) == (1, 1)
+    assert TaskStats.objects.get(pk=A).rolled_until == (later - timedelta(seconds=stats.SETTLE_S)).replace(
+        second=0, microsecond=0
+    )
+
+
+def test_a_refresh_stopped_by_its_watcher_keeps_what_it_finished(now) -> None:  # noqa: ANN001
+    finished(A, Status.SUCCESS, now - timedelta(minutes=5), 20)
+    stats.refresh(now)
+    task(A, Status.PROCESSING, started_at=now)
+    stats.refresh(now + timedelta(seconds=5), keep_going=lambda: False)
+    row = TaskStats.objects.get(pk=A)
+    assert row.in_flight == 0 and row.refreshed_at == now  # the live numbers wait for the next pass
+    assert TaskStatsMinute.objects.filter(task_type=A).count() == 1
+
+
 def test_refresh_is_a_taskwatch_duty() -> None:
     assert dict(DUTIES)["refresh_stats"] is stats.refresh
 
