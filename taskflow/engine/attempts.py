@@ -86,6 +86,7 @@ class ClaimedTask:
             prefer_host=row["prefer_host"],
         )
 
+
     @classmethod
     def running(cls, row: dict[str, Any], cfg: ScheduleCfg, now: datetime) -> ClaimedTask:
         """The attempt now running on the task in `row` (read with its worker, started_at and deadline)."""
