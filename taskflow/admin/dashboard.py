@@ -50,7 +50,6 @@ def dashboard_view(request: HttpRequest, site: admin.AdminSite = admin.site) -> 
         "stale": age > stale_after,
         "refreshed_ago": display.age(generated),
         "window_minutes": WINDOW_S // 60,
-        "statuses": [s.value for s in Status],
         "tasks_url": list_url,
     }
     return TemplateResponse(request, "taskflow/dashboard.html", context)
