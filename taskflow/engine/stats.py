@@ -321,8 +321,3 @@ def quantile(buckets: list[int], q: float) -> float | None:
 def totals() -> dict[str, dict[str, Any]]:
     """Per type, the counts of every final minute since the rollup began (only ever grows): the metrics' counters."""
     return {s.task_type: s.totals for s in TaskStats.objects.order_by("task_type") if s.totals}
-
-
-def snapshots() -> list[TaskStats]:
-    """The rollup's row of every type, oldest refresh first."""
-    return list(TaskStats.objects.order_by("task_type"))
