@@ -383,3 +383,52 @@ class PeriodicTask(models.Model):
         errors = schedule_errors(self)
         if errors:
             raise ValidationError(errors)
+
+
+class TaskStats(models.Model):
+    """The dashboard's rollup of one task type, refreshed by taskwatch (engine/stats.py).
+
+    `totals` only ever grows (finished minutes are added once), so the metrics' counters built
+    from it never go backwards.
+    """
+
+    task_type = models.CharField(max_length=100, primary_key=True)
+    counts = models.JSONField(default=dict, blank=True, help_text="tasks by status when last counted")
+    counted_at = models.DateTimeField(null=True, blank=True)
+    count_seconds = models.FloatField(default=0.0, help_text="how long the last count took")
+    in_flight = models.PositiveIntegerField(default=0)
+    # The due time of the next pending task to be claimed (the head of the queue), if one is due.
+    oldest_pending_since = models.DateTimeField(null=True, blank=True)
+    # Minutes before this are final and added to `totals`.
+    rolled_until = models.DateTimeField(null=True, blank=True)
+    totals = models.JSONField(default=dict, blank=True)
+    refreshed_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "task statistics"
+        verbose_name_plural = "task statistics"
+
+    def __str__(self) -> str:
+        return f"stats of {self.task_type}"
+
+
+class TaskStatsMinute(models.Model):
+    """What one task type finished in one minute (by finish time), and how long those attempts ran."""
+
+    task_type = models.CharField(max_length=100)
+    minute = models.DateTimeField()
+    completed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    stopped = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveBigIntegerField(default=0, help_text="attempts run by the tasks finished")
+    # Counts per bucket of engine.stats.RUN_TIME_BOUNDS_MS (plus one past the last bound).
+    run_time_buckets = models.JSONField(default=list, blank=True)
+    run_time_sum_ms = models.FloatField(default=0.0)
+
+    class Meta:
+        verbose_name = "task statistics minute"
+        constraints = [models.UniqueConstraint(fields=["task_type", "minute"], name="taskflow_statsminute_key")]
+        indexes = [models.Index(fields=["minute"], name="taskflow_statsminute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.task_type} {self.minute:%Y-%m-%d %H:%M}"

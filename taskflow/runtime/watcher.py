@@ -19,6 +19,7 @@ from ..conf import get_settings
 from ..engine import limiter, periodic
 from ..engine.expiry import expire_successes, fail_stale_pending, purge_finished
 from ..engine.rescue import rescue_dead_workers, rescue_expired_attempts
+from ..engine.stats import refresh as refresh_stats
 from ..engine.workers import reap_dead_worker_rows
 from . import connections
 from .leadership import Leadership
@@ -38,6 +39,7 @@ DUTIES: tuple[tuple[str, Duty], ...] = (
     ("expire_successes", expire_successes),
     ("purge_finished", purge_finished),
     ("reap_dead_worker_rows", reap_dead_worker_rows),
+    ("refresh_stats", refresh_stats),
 )
 
 
