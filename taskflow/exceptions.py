@@ -22,6 +22,14 @@ class StaleVersion(TaskflowError):
         super().__init__(f"{task_type}/{key}: version {version} is older than the newest known version {newest}")
 
 
+class InvalidSchedule(TaskflowError, ValueError):
+    """A periodic schedule is malformed (bad cron, time zone, interval, ...); `field` names the culprit."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        self.field = field
+        super().__init__(message)
+
+
 class UnknownTaskType(TaskflowError):
     """No handler is registered for a task type."""
 

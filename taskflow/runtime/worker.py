@@ -30,7 +30,7 @@ from django.db import DatabaseError, DataError, IntegrityError, close_old_connec
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..engine import registry, validation, wakeup
+from ..engine import registry, tasklog, validation, wakeup
 from ..engine.attempts import ClaimedTask, Outcome, Report, lost_attempts
 from ..engine.claiming import claim_batch
 from ..engine.configs import configs
@@ -308,7 +308,12 @@ class Worker:
                 self._in_flight -= 1
             stuck = len(self._stuck)
         for task in late:
-            log.warning("task %s attempt %d is past its deadline: its thread is replaced", task.id, task.attempt)
+            log.warning(
+                "task %s attempt %d is past its deadline: its thread is replaced",
+                task.id,
+                task.attempt,
+                extra=tasklog.about(task),
+            )
             self._spawn_handler(f"taskflow-handler-for-{task.id}")
         if stuck > self.max_stuck and self._failure is None:
             log.error("%d handler thread(s) stuck (max %d): stopping for a restart", stuck, self.max_stuck)
@@ -339,7 +344,8 @@ class Worker:
             self._running[task.id] = task
         started = time.perf_counter()
         try:
-            report = self._run_handler(task)
+            with tasklog.running(task):
+                report = self._run_handler(task)
         finally:
             with self._lock:
                 # The same task may run again here after a rescue while this stuck attempt lingered.
