@@ -378,7 +378,8 @@ class ScheduleCfgView(ApiView):
 
 
 class StatsQuerySerializer(s.StrictSerializer):
-    window_s = drf.IntegerField(min_value=1, max_value=7 * 86400, required=False)
+    # The stats rollup keeps whole minutes for a day (taskflow.engine.stats.MAX_WINDOW_S).
+    window_s = drf.IntegerField(min_value=60, max_value=86400, required=False)
 
 
 class StatsView(ApiView):
@@ -386,7 +387,11 @@ class StatsView(ApiView):
 
     @extend_schema(
         operation_id="stats",
-        parameters=[OpenApiParameter("window_s", int, description="seconds of finished tasks the rates cover")],
+        parameters=[
+            OpenApiParameter(
+                "window_s", int, description="seconds of finished tasks the rates cover, 60 to 86400 (default 3600)"
+            )
+        ],
         responses={200: OpenApiTypes.OBJECT, **errors(400, 404)},
     )
     def get(self, request: Request) -> Response:
