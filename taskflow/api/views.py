@@ -189,7 +189,7 @@ class TaskSetView(ApiView):
     @extend_schema(
         operation_id="tasks_set",
         request=s.SetSerializer,
-        responses={200: s.TaskSerializer, **errors(400, 404, 409, 413)},
+        responses={200: s.HeldTaskSerializer, **errors(400, 404, 409, 413)},
     )
     def post(self, request: Request, task_id: str) -> Response:
         """A worker's report on its attempt (with `lease`), or one operator change (without)."""
@@ -213,7 +213,7 @@ class TaskSetView(ApiView):
             if not result.changed:
                 why = ", ".join(sorted(result.skipped)) or "nothing to change"
                 raise NotApplicable(f"{result.action} does not apply to task {task.id}: {why}")
-        return Response(s.TaskSerializer(load_task(task_id)).data)
+        return Response(s.HeldTaskSerializer(load_task(task_id)).data)  # with the lease: a checkpoint's new deadline
 
 
 # -- batches for remote workers ----------------------------------------------------------------------------
