@@ -9,7 +9,9 @@ import os
 import threading
 import time
 
+from django.dispatch import receiver
 from django.tasks import TaskContext, task
+from django.tasks.signals import task_enqueued, task_finished, task_started
 
 _lock = threading.Lock()
 
@@ -105,3 +107,12 @@ def sleep_for(seconds):
 def test_context(context, attempt):
     assert isinstance(context, TaskContext)
     assert context.attempt == attempt
+
+
+@receiver(task_enqueued)
+@receiver(task_started)
+@receiver(task_finished)
+def note_signal(sender, task_result, signal, **kwargs):
+    """Each signal as "<id> <attempts> <signal>:<status>:<sender>" (in whichever process sent it)."""
+    name = {task_enqueued: "task_enqueued", task_started: "task_started", task_finished: "task_finished"}[signal]
+    note(task_result.id, task_result.attempts, f"{name}:{task_result.status}:{sender.__name__}")
