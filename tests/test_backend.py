@@ -486,3 +486,32 @@ def test_queues_select_task_types() -> None:
 
 def djtasks_known() -> list[str]:
     return djangotasks.known_module_paths()
+
+
+# -- the example project ----------------------------------------------------------------------------
+
+
+def test_the_example_view_enqueues_a_django_task_and_shows_its_result(client, start_worker) -> None:  # noqa: ANN001
+    from demo.tasks import count_words
+
+    assert client.get("/words/").status_code == 200
+    response = client.post("/words/", {"text": "taskflow runs plain Django tasks"})
+    assert response.status_code == 302
+    result_id = response["Location"].rstrip("/").rsplit("/", 1)[1]
+    assert row(count_words.get_result(result_id)).task_type == "demo.tasks.count_words"
+    waiting = client.get(response["Location"])
+    assert waiting.status_code == 200 and b'http-equiv="refresh"' in waiting.content
+    assert b"READY" in waiting.content
+
+    start_worker(select_task_types(["demo.tasks.count_words"], []))
+    finished(count_words.get_result(result_id))
+    page = client.get(response["Location"]).content.decode()
+    assert "SUCCESSFUL" in page and 'data-field="words">5<' in page and ">plain<" not in page
+    assert 'data-field="longest">taskflow<' in page and "refresh" not in page
+
+
+def test_the_example_result_page_of_an_unknown_or_foreign_id_is_404(client) -> None:  # noqa: ANN001
+    assert client.get("/words/123/").status_code == 404
+    assert client.get("/words/nope/").status_code == 404
+    other = djtasks.noop_task.enqueue()
+    assert client.get(f"/words/{other.id}/").status_code == 404
