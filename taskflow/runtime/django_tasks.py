@@ -14,6 +14,7 @@ from typing import Any
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from django.tasks.base import TaskContext as DjangoTaskContext
 from django.tasks.base import TaskError, TaskResult, TaskResultStatus
+from django.tasks.exceptions import InvalidTaskBackend
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
@@ -75,6 +76,8 @@ def select_task_types(types: Iterable[str], queues: Iterable[str]) -> list[str]:
         others = [] if queue_names else [t for t in registry.registered_types() if not djangotasks.is_django_task(t)]
     if queue_names and not module_paths:
         raise ValueError("--queues selects django.tasks functions, and none was given or found")
+    if not module_paths:
+        return others
     django_types = djangotasks.worker_task_types(module_paths, queue_names or _configured_queues())
     for task_type in django_types:
         registry.handler(task_type)(run_django_task)
@@ -87,7 +90,10 @@ def _configured_queues() -> list[str]:
 
     names: list[str] = []
     for alias in task_backends.settings:
-        backend = task_backends[alias]
+        try:
+            backend = task_backends[alias]
+        except InvalidTaskBackend:
+            continue  # not ours to report: using it raises the same error where it is used
         if isinstance(backend, TaskflowBackend):
             if not backend.queues:
                 return []
