@@ -103,7 +103,7 @@ class TaskflowBackend(BaseTaskBackend):
             task_id = int(result_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
-        row = TaskRow.objects.filter(pk=task_id).first()
+        row = djangotasks.get_task(task_id)
         if row is None:
             raise TaskResultDoesNotExist(result_id)
         return self.task_result(row)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..exceptions import InvalidTask
-from ..models import ScheduleCfg
+from ..models import ScheduleCfg, Task
+from . import sql
 from .enqueueing import EXISTING, enqueue
 from .validation import MAX_INT, TASK_TYPE_RE, validate_key, validate_non_negative_int
 
@@ -60,6 +61,11 @@ def is_django_task(task_type: str) -> bool:
 
 def known_module_paths() -> list[str]:
     return sorted(_module_paths)
+
+
+def get_task(task_id: int) -> Task | None:
+    """The stored task with this id, if any (what a django.tasks result reads)."""
+    return sql.get_task(sql.task_table(), task_id)
 
 
 def worker_task_types(module_paths: Iterable[str], queues: Iterable[str]) -> list[str]:

@@ -331,6 +331,11 @@ def _task_key_statements(vendor: str) -> tuple[str, str]:
     return f"{insert} ON CONFLICT DO NOTHING", update
 
 
+def get_task(table: str, task_id: int) -> Task | None:
+    """One task by id (a raw SELECT: a tenth of the ORM's cost, for a read made at every attempt)."""
+    return next(iter(Task.objects.raw(f"SELECT * FROM {quote(table)} WHERE {quote('id')} = %s", [task_id])), None)
+
+
 def find_task(table: str, task_type: str, key: str, version: int) -> Task | None:
     """The task of one identity, if any."""
     qn = quote

@@ -21,7 +21,6 @@ from django.utils.json import normalize_json
 
 from ..engine import djangotasks, registry
 from ..exceptions import InvalidResult, class_path
-from ..models import Task as TaskRow
 from .context import TaskContext
 
 
@@ -30,7 +29,10 @@ def run_django_task(ctx: TaskContext) -> Any:
     backend = _backend(ctx.payload)
     # The stored task as a result (RUNNING, this attempt's worker last): what signals and the
     # function's context see, as a get_result() would show it now.
-    result = backend.task_result(TaskRow.objects.get(pk=ctx.task_id))
+    row = djangotasks.get_task(ctx.task_id)
+    if row is None:  # cannot be while this attempt holds the task; not worth a confusing AttributeError
+        raise LookupError(f"task {ctx.task_id} is gone")
+    result = backend.task_result(row)
     task = result.task
     task_started.send(type(backend), task_result=result)
     try:
