@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 from django.db import transaction
@@ -103,7 +104,7 @@ class TaskflowBackend(BaseTaskBackend):
             task_id = int(result_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
-        row = djangotasks.get_task(task_id)
+        row = djangotasks.read_task(task_id)
         if row is None:
             raise TaskResultDoesNotExist(result_id)
         return self.task_result(row)
@@ -117,8 +118,8 @@ class TaskflowBackend(BaseTaskBackend):
             payload["run_after"] = task.run_after.isoformat()
         return payload
 
-    def task_result(self, row: TaskRow, task: Task | None = None) -> TaskResult:
-        """A TaskResult reflecting a stored task (`task`: the one just enqueued, if known)."""
+    def task_result(self, row: TaskRow | SimpleNamespace, task: Task | None = None) -> TaskResult:
+        """A TaskResult reflecting a stored task (a row or djangotasks.read_task; `task`: the one just enqueued)."""
         status = STATUSES.get(row.status, UNKNOWN_STATUS)
         attempts = past_attempts(row.schedule_log)
         if row.status == Status.STOPPED and attempts and attempts[-1].outcome == Outcome.SUCCESS:
@@ -155,7 +156,7 @@ class TaskflowBackend(BaseTaskBackend):
             object.__setattr__(result, "_return_value", row.result)
         return result
 
-    def _stored_task(self, row: TaskRow, payload: dict[str, Any]) -> Task:
+    def _stored_task(self, row: TaskRow | SimpleNamespace, payload: dict[str, Any]) -> Task:
         module_path, queue_name = djangotasks.split_task_type(row.task_type)
         try:
             defined = import_string(module_path)

@@ -9,9 +9,10 @@ them is imported (taskflow imports every installed app's `tasks` module at start
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import SimpleNamespace
 
 from ..exceptions import InvalidTask
-from ..models import ScheduleCfg, Task
+from ..models import ScheduleCfg
 from . import sql
 from .enqueueing import EXISTING, enqueue
 from .validation import MAX_INT, TASK_TYPE_RE, validate_key, validate_non_negative_int
@@ -63,9 +64,10 @@ def known_module_paths() -> list[str]:
     return sorted(_module_paths)
 
 
-def get_task(task_id: int) -> Task | None:
-    """The stored task with this id, if any (what a django.tasks result reads)."""
-    return sql.get_task(sql.task_table(), task_id)
+def read_task(task_id: int) -> SimpleNamespace | None:
+    """What a django.tasks result shows of the task with this id (sql.OUTCOME_COLUMNS as attributes), if any."""
+    row = sql.read_outcome(sql.task_table(), task_id)
+    return None if row is None else SimpleNamespace(**row)
 
 
 def worker_task_types(module_paths: Iterable[str], queues: Iterable[str]) -> list[str]:

@@ -29,7 +29,7 @@ def run_django_task(ctx: TaskContext) -> Any:
     backend = _backend(ctx.payload)
     # The stored task as a result (RUNNING, this attempt's worker last): what signals and the
     # function's context see, as a get_result() would show it now.
-    row = djangotasks.get_task(ctx.task_id)
+    row = djangotasks.read_task(ctx.task_id)
     if row is None:  # cannot be while this attempt holds the task; not worth a confusing AttributeError
         raise LookupError(f"task {ctx.task_id} is gone")
     result = backend.task_result(row)
