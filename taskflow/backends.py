@@ -81,18 +81,26 @@ class TaskflowBackend(BaseTaskBackend):
             raise InvalidTask(str(exc)) from None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """Store the task in the caller's transaction; task_enqueued is sent once it commits."""
+        """Store the task in the caller's transaction; task_enqueued is sent once it commits.
+
+        Raises TypeError for arguments that are not JSON, InvalidTask, and taskflow's StaleVersion
+        when a newer version of the task's key exists (see TaskflowTask.with_key).
+        """
         self.validate_task(task)
-        row = djangotasks.enqueue(
-            task_type=djangotasks.task_type_for(task.module_path, task.queue_name),
-            payload=self._payload(task, args, kwargs),
-            priority=task.priority,
-            run_after=task.run_after,
-            max_retries=getattr(task, "max_retries", None),
-            timeout=getattr(task, "timeout", None),
-            key=getattr(task, "key", None),
-            version=getattr(task, "version", 0),
-        )
+        payload = self._payload(task, args, kwargs)
+        try:
+            row = djangotasks.enqueue(
+                task_type=djangotasks.task_type_for(task.module_path, task.queue_name),
+                payload=payload,
+                priority=int(task.priority),  # Django allows 3.0
+                run_after=task.run_after,
+                max_retries=getattr(task, "max_retries", None),
+                timeout=getattr(task, "timeout", None),
+                key=getattr(task, "key", None),
+                version=getattr(task, "version", 0),
+            )
+        except exceptions.InvalidTask as exc:  # e.g. arguments too large to store; nothing was written
+            raise InvalidTask(str(exc)) from None
         result = self.task_result(row, task)
         if row.enqueue_outcome != djangotasks.EXISTING:
             transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))

@@ -123,6 +123,13 @@ async def test_aenqueue_with_an_argument_that_is_not_json() -> None:
         await djtasks.noop_task.aenqueue(datetime.now())
 
 
+def test_a_whole_float_priority_and_arguments_too_large_to_store() -> None:
+    assert row(djtasks.noop_task.using(priority=3.0).enqueue()).priority == 3
+    with pytest.raises(InvalidTask, match="payload"):
+        djtasks.noop_task.enqueue("x" * (2 * 1024 * 1024))  # over MAX_PAYLOAD_BYTES
+    assert TaskRow.objects.count() == 1
+
+
 def test_args_and_kwargs_round_trip_as_json() -> None:
     result = djtasks.echo.enqueue((1, 2), {"a": (3,)}, None, True, 1.5, "é", k={"nested": [1, {"x": None}]})
     again = djtasks.echo.get_result(result.id)
