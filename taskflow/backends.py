@@ -16,6 +16,7 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
 from django.tasks.backends.base import BaseTaskBackend
@@ -71,14 +72,33 @@ class TaskflowBackend(BaseTaskBackend):
     supports_get_result = True
     supports_async_task = True
 
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        # Tasks this backend found valid, with their task type. A task is frozen and the backend's
+        # QUEUES fixed (a change of TASKS makes new backends), so the answer cannot change: a
+        # function enqueued again and again is not inspected again each time.
+        self._valid: dict[tuple[Task, bool], str] = {}
+
     def validate_task(self, task: Task) -> None:
+        self._task_type(task)
+
+    def _task_type(self, task: Task) -> str:
+        """The task type of a valid task; InvalidTask otherwise."""
+        known = (task, settings.USE_TZ)
+        task_type = self._valid.get(known)
+        if task_type is not None:
+            return task_type
         super().validate_task(task)
         try:
-            djangotasks.task_type_for(task.module_path, task.queue_name)
+            task_type = djangotasks.task_type_for(task.module_path, task.queue_name)
             if isinstance(task, TaskflowTask):
                 djangotasks.validate_options(task.max_retries, task.timeout, task.key, task.version)
         except exceptions.InvalidTask as exc:
             raise InvalidTask(str(exc)) from None
+        if len(self._valid) >= 10_000:  # many distinct run_after values, say
+            self._valid.clear()
+        self._valid[known] = task_type
+        return task_type
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Store the task in the caller's transaction; task_enqueued is sent once it commits.
@@ -86,11 +106,11 @@ class TaskflowBackend(BaseTaskBackend):
         Raises TypeError for arguments that are not JSON, InvalidTask, and taskflow's StaleVersion
         when a newer version of the task's key exists (see TaskflowTask.with_key).
         """
-        self.validate_task(task)
+        task_type = self._task_type(task)
         payload = self._payload(task, args, kwargs)
         try:
             row = djangotasks.enqueue(
-                task_type=djangotasks.task_type_for(task.module_path, task.queue_name),
+                task_type=task_type,
                 payload=payload,
                 priority=int(task.priority),  # Django allows 3.0
                 run_after=task.run_after,
@@ -101,9 +121,24 @@ class TaskflowBackend(BaseTaskBackend):
             )
         except exceptions.InvalidTask as exc:  # e.g. arguments too large to store; nothing was written
             raise InvalidTask(str(exc)) from None
-        result = self.task_result(row, task)
-        if row.enqueue_outcome != djangotasks.EXISTING:
-            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
+        if row.enqueue_outcome == djangotasks.EXISTING:
+            return self.task_result(row, task)
+        # What task_result(row, task) gives for a task not yet run, without reading its history.
+        result = TaskResult(
+            task=task,
+            id=str(row.id),
+            status=STATUSES[row.status],
+            enqueued_at=row.created_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=payload["args"],
+            kwargs=payload["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
