@@ -424,6 +424,17 @@ def test_a_return_value_that_is_not_json_fails_at_once(worker) -> None:  # noqa:
     assert "Unsupported type" in error.traceback and "is not JSON" in error.traceback
 
 
+def test_the_runner_re_raises_keyboard_interrupt_without_task_finished(caplog) -> None:  # noqa: ANN001
+    from taskflow.runtime.context import TaskContext
+    from taskflow.runtime.django_tasks import run_django_task
+
+    djtasks.failing_task_keyboard_interrupt.enqueue()
+    (attempt,) = claim("tests.taskapp.djtasks.failing_task_keyboard_interrupt")
+    with caplog.at_level("DEBUG", logger="django.tasks"), pytest.raises(KeyboardInterrupt):
+        run_django_task(TaskContext(attempt))
+    assert [r.getMessage().split()[-1] for r in caplog.records if r.name == "django.tasks"] == ["state=RUNNING"]
+
+
 def test_keyboard_interrupt_is_re_raised_and_stops_the_worker(start_worker, caplog) -> None:  # noqa: ANN001
     worker = start_worker(select_task_types(["tests.taskapp.djtasks.failing_task_keyboard_interrupt"], []))
     with caplog.at_level("DEBUG", logger="django.tasks"):
