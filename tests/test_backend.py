@@ -492,6 +492,7 @@ def test_signals_and_django_logging(worker, caplog) -> None:  # noqa: ANN001
 def test_queues_select_task_types() -> None:
     types = select_task_types(["tests.taskapp.djtasks.echo"], ["other"])
     assert types == ["tests.taskapp.djtasks.echo:other"]
+    assert select_task_types(["test.noop", ECHO + ":other"], []) == ["test.noop", ECHO + ":other"]
     every = select_task_types([], [])
     assert "test.noop" in every and ECHO in every and ECHO + ":other" in every
     only_queues = select_task_types([], ["default"])

@@ -63,24 +63,27 @@ def run_django_task(ctx: TaskContext) -> Any:
 def select_task_types(types: Iterable[str], queues: Iterable[str]) -> list[str]:
     """The task types a worker serves, its django task types given run_django_task as their handler.
 
-    `types`: task types and django.tasks module paths (none: every handler and every django task);
+    `types`: task types, django.tasks module paths, and module paths with a queue ("path:queue")
+    (none: every handler and every django task);
     `queues`: Django queue names (none: the queues of the TaskflowBackend aliases in TASKS, and
     any queue if one of them allows any). With queues and no types, only django tasks are served.
     """
     wanted = list(dict.fromkeys(types))
     queue_names = list(dict.fromkeys(queues))
     known = set(djangotasks.known_module_paths())
+    explicit: list[str] = []  # django task types named with their queue ("shop.tasks.send:emails")
     if wanted:
         module_paths = [t for t in wanted if t in known]
-        others = [t for t in wanted if t not in known]
+        explicit = [t for t in wanted if t not in known and djangotasks.is_django_task(t)]
+        others = [t for t in wanted if t not in known and t not in explicit]
     else:
         module_paths = sorted(known)
         others = [] if queue_names else [t for t in registry.registered_types() if not djangotasks.is_django_task(t)]
     if queue_names and not module_paths:
         raise ValueError("--queues selects django.tasks functions, and none was given or found")
-    if not module_paths:
-        return others
-    django_types = djangotasks.worker_task_types(module_paths, queue_names or _configured_queues())
+    django_types = explicit
+    if module_paths:
+        django_types += djangotasks.worker_task_types(module_paths, queue_names or _configured_queues())
     for task_type in django_types:
         registry.handler(task_type)(run_django_task)
     return others + django_types
