@@ -371,6 +371,21 @@ def test_a_timed_out_attempt_names_taskflows_timeout_exception() -> None:
     assert "ran past its deadline" in error.traceback
 
 
+def test_an_attempt_of_a_dead_worker_names_worker_lost(transactional_db) -> None:  # noqa: ANN001
+    from taskflow.engine.rescue import rescue_dead_workers
+    from taskflow.models import WorkerProcess
+
+    result = djtasks.sleep_for.enqueue(10)
+    claim("tests.taskapp.djtasks.sleep_for", "host-d:9:dead")
+    beat = timezone.now() - timedelta(seconds=60)  # LIVENESS_TIMEOUT is 3 s in the test settings
+    WorkerProcess.objects.create(worker_id="host-d:9:dead", host="host-d", pid=9, started_at=beat, heartbeat_at=beat)
+    assert rescue_dead_workers() == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.worker_ids == ["host-d:9:dead"]
+    assert result.errors[0].exception_class is taskflow.exceptions.WorkerLost
+    assert "stopped heartbeating" in result.errors[0].traceback
+
+
 def test_attempts_beyond_the_schedule_log_still_count() -> None:
     result = djtasks.echo.enqueue()
     TaskRow.objects.filter(pk=int(result.id)).update(attempts=9, status=Status.FAILED, status_msg="gave up")
