@@ -18,6 +18,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from ..engine.dependencies import neighbours
 from ..engine.operations import applicable
 from ..engine.validation import MAX_BIGINT
 from ..models import Status, Task, TaskEvent
@@ -50,6 +51,7 @@ LIST_COLUMNS = (
 )
 OTHER_VERSIONS_SHOWN = 20
 EVENTS_SHOWN = 50
+NEIGHBOURS_SHOWN = 50  # dependencies and dependents, each
 
 
 class TaskChangeList(CappedChangeList):
@@ -161,7 +163,7 @@ class TaskAdmin(ReadOnlyAdmin):
         return super().change_view(request, object_id, form_url, extra_context)
 
     def task_page(self, request: HttpRequest, task: Task) -> dict[str, Any]:
-        """What the task page shows besides its fields: actions, attempts, other versions, history."""
+        """What the task page shows besides its fields: actions, attempts, dependencies, other versions, history."""
         actions = []
         if self.has_operate_permission(request):
             for name in applicable(task):
@@ -180,6 +182,8 @@ class TaskAdmin(ReadOnlyAdmin):
         return {
             "task_actions": actions,
             "attempts_log": attempts_log(task),
+            **neighbours(task.pk, limit=NEIGHBOURS_SHOWN),
+            "neighbours_shown": NEIGHBOURS_SHOWN,
             "other_versions": versions,
             "events": events,
             "events_url": reverse("admin:taskflow_taskevent_changelist") + "?" + urlencode({"q": task.pk}),
