@@ -171,7 +171,8 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     dependencies.check_after_commit(created, read)
     superseding = [t for t, _ in written if getattr(t, "superseded_older", False)]
     if superseding:
-        dependencies.release_on_commit(_stopped_older_versions(superseding))
+        # After the commit, so the lookup holds no lock of the enqueue's.
+        transaction.on_commit(lambda: dependencies.release_on_commit(_stopped_older_versions(superseding)))
     wakeup.notify_on_commit({t.task_type for t, _ in written if t.status == Status.PENDING and t.run_after <= now})
     return results  # type: ignore[return-value]
 
