@@ -358,3 +358,35 @@ def test_purging_a_stopped_dependent_drops_its_edges_and_keeps_the_waiting_ones(
     assert set(TaskDependency.objects.values_list("task_id", flat=True)) == {c.id}
     finish(a)
     assert status(c) == ["pending"]
+
+
+def test_two_dependencies_finishing_at_the_same_moment_release_their_dependent_once() -> None:
+    import threading
+
+    from django.db import connection
+
+    for _ in range(8):
+        a, b, c, d = diamond()
+        finish(a)
+        held = {t.id: t for t in claim_batch(configs.get(T), 100, "host:1:w")}
+        assert set(held) == {b.id, c.id}
+        start = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def report(attempt, start: threading.Barrier = start, errors: list = errors) -> None:  # noqa: ANN001
+            try:
+                start.wait()
+                finish_attempts([Report(attempt, Outcome.SUCCESS)])
+            except BaseException as exc:  # the test reports it
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=report, args=(held[i],)) for i in (b.id, c.id)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert not errors
+        assert status(b, c, d) == ["success", "success", "pending"]
+        finish(d)
