@@ -243,28 +243,37 @@ def release(task_ids: Iterable[int], now: datetime | None = None) -> int:
 def _release_round(dependency_ids: list[int], now: datetime) -> tuple[int, list[int]]:
     """One round of `release`: returns (dependents changed, dependents stopped)."""
     # The common case (a task nobody waits for) costs this one indexed read.
-    dependents = set(
-        TaskDependency.objects.filter(depends_on_id__in=dependency_ids, outcome="").values_list("task_id", flat=True)
+    open_edges = list(
+        TaskDependency.objects.filter(depends_on_id__in=dependency_ids, outcome="").values_list(
+            "depends_on_id", "task_id"
+        )
     )
-    if not dependents:
+    if not open_edges:
         return 0, []
-    due_types: set[str] = set()
+    read = _statuses(sorted({dep for dep, _ in open_edges}))
+    finished = {dep: _outcome(read.get(dep, (None, ""))[0]) for dep, _ in open_edges}
+    finished = {dep: outcome for dep, outcome in finished.items() if outcome is not None}
+    dependents = sorted({task_id for dep, task_id in open_edges if dep in finished})
+    changed, stopped = 0, []
+    for start in range(0, len(dependents), BATCH):
+        chunk_changed, chunk_stopped = _decide(dependents[start : start + BATCH], finished, read, now)
+        changed += chunk_changed
+        stopped += chunk_stopped
+    return changed, stopped
+
+
+def _decide(
+    dependents: list[int], finished: dict[int, str], read: dict[int, tuple[str, str]], now: datetime
+) -> tuple[int, list[int]]:
+    """Decide these dependents of `finished` tasks and resolve their edges from them, in one transaction."""
     with transaction.atomic():
-        read = _statuses(dependency_ids)
-        finished = {dep: _outcome(read.get(dep, (None, ""))[0]) for dep in dependency_ids}
-        finished = {dep: outcome for dep, outcome in finished.items() if outcome is not None}
-        if not finished:
-            return 0, []
         edges_of: dict[int, list[TaskDependency]] = defaultdict(list)
         for edge in TaskDependency.objects.filter(task_id__in=dependents):
             edges_of[edge.task_id].append(edge)
         others = {e.depends_on_id for edges in edges_of.values() for e in edges if not e.outcome} - set(read)
-        read.update(_statuses(sorted(others)))
+        read = {**read, **_statuses(sorted(others))}
         messages = {dep: msg for dep, (_, msg) in read.items()}
-        waiting = {
-            row["id"]: row["task_type"]
-            for row in Task.objects.filter(id__in=dependents, status=Status.WAITING).values("id", "task_type")
-        }
+        waiting = dict(Task.objects.filter(id__in=dependents, status=Status.WAITING).values_list("id", "task_type"))
         writes: dict[int, dict[str, Any]] = {}
         for task_id in sorted(waiting):
             edges = [
@@ -276,21 +285,23 @@ def _release_round(dependency_ids: list[int], now: datetime) -> tuple[int, list[
                 writes[task_id] = {"status": status, "status_msg": message, "finished_at": now, "updated_at": now}
             elif status == Status.PENDING:
                 writes[task_id] = {"status": status, "status_msg": message, "updated_at": now}
+        # One guarded UPDATE expecting `waiting`: a dependent released or terminated meanwhile is left alone.
         written = (
             sql.update_tasks_expecting(sql.task_table(), writes, dict.fromkeys(writes, Status.WAITING), now)
             if writes
             else set()
         )
+        # Only the edges decided here: an edge committed since it was read stays open for its own
+        # enqueue's check (or the repair), or its task could be left waiting with no open edge.
         by_outcome: dict[str, list[int]] = defaultdict(list)
         for dep, outcome in finished.items():
             by_outcome[outcome].append(dep)
         for outcome, deps in by_outcome.items():
-            TaskDependency.objects.filter(depends_on_id__in=deps, outcome="").update(outcome=outcome)
-    stopped = [i for i in written if writes[i]["status"] == Status.STOPPED]
-    due_types = {waiting[i] for i in written if writes[i]["status"] == Status.PENDING}
-    if due_types:
-        wakeup.publish(due_types)  # a released task's due time is usually past: look at once
-    return len(written), stopped
+            TaskDependency.objects.filter(depends_on_id__in=deps, task_id__in=dependents, outcome="").update(
+                outcome=outcome
+            )
+        wakeup.notify_on_commit({waiting[i] for i in written if writes[i]["status"] == Status.PENDING})
+    return len(written), [i for i in written if writes[i]["status"] == Status.STOPPED]
 
 
 def _statuses(ids: Sequence[int]) -> dict[int, tuple[str, str]]:
