@@ -178,6 +178,8 @@ def test_a_task_others_depend_on_cannot_be_given_dependencies_when_re_enqueued_i
     with pytest.raises(taskflow.InvalidTask, match="cannot be given dependencies"):
         taskflow.enqueue(T, {}, key="k", depends_on=[later.id])
     assert status(first) == ["failed"]
+    with pytest.raises(taskflow.InvalidTask, match="cannot depend on itself"):
+        taskflow.enqueue(T, {}, key="k", depends_on=[first.id])
     # Without dependencies it is re-enqueued as before.
     assert taskflow.enqueue(T, {}, key="k").enqueue_outcome == "replaced"
 

@@ -156,6 +156,8 @@ def plan(specs: Sequence[TaskSpec]) -> dict[int, tuple[str, str]]:
 
 def refuse_cycle(task_id: int, spec: TaskSpec) -> None:
     """Refuse dependencies for a task re-enqueued in place (same id) while other tasks depend on it."""
+    if task_id in spec.depends_on:
+        raise InvalidTask(f"task {task_id} cannot depend on itself")
     if spec.depends_on and TaskDependency.objects.filter(depends_on_id=task_id).exists():
         raise InvalidTask(
             f"task {task_id} is re-enqueued in place and other tasks depend on it: it cannot be given "
