@@ -221,6 +221,15 @@ def test_terminate_of_a_waiting_task_stops_it_and_its_dependents() -> None:
     assert status(b, c, d) == ["stopped", "pending", "stopped"]
 
 
+def test_terminate_of_a_running_dependency_stops_its_dependents() -> None:
+    a, b, c, d = diamond()
+    claim_batch(configs.get(T), 1, "host:1:w")
+    assert status(a) == ["processing"]
+    assert taskflow.terminate([a.id], by="alice").changed == 1  # through finish_attempts, fencing the attempt
+    assert status(a, b, c, d) == ["stopped", "stopped", "stopped", "stopped"]
+    assert message(b) == f"dependency {a.id} was stopped (stopped by alice)"
+
+
 def test_retry_and_reschedule_of_waiting_and_blocked_tasks() -> None:
     a, b, _, _ = diamond(max_retries=0)
     later = timezone.now() + timedelta(hours=1)
