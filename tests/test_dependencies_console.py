@@ -30,6 +30,7 @@ def test_waiting_tasks_have_their_badge_and_their_filter(operator: Client) -> No
     page = operator.get(LIST)
     assert '<span class="tf-badge tf-waiting">waiting</span>' in page.content.decode()
     assert "?status__exact=waiting" in page.content.decode()  # offered by the status filter
+    assert "after its dependencies" in page.content.decode()  # its due column
     assert shown(operator.get(LIST, {"status__exact": "waiting"})) == {b.pk}
     css = Path(taskflow.__file__).parent / "static/taskflow/console.css"
     assert ".tf-waiting {" in css.read_text()

@@ -199,6 +199,8 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description="due")
     def due(self, task: Task) -> str:
+        if task.status == Status.WAITING:
+            return "after its dependencies"
         return display.relative(task.run_after) if task.status == Status.PENDING else display.EMPTY
 
     @admin.display(description="worker")
