@@ -142,9 +142,12 @@ def test_enqueue_many_takes_dependencies_per_request() -> None:
         ([10**15], "stop", "unknown task id(s): 1000000000000000"),
         ("12", "stop", "depends_on must be a list"),
         (12, "stop", "depends_on must be a list"),
-        ([True], "stop", "positive integers"),
-        ([-3], "stop", "positive integers"),
-        (["7"], "stop", "positive integers"),
+        ([True], "stop", "positive 64-bit integers"),
+        ([-3], "stop", "positive 64-bit integers"),
+        (["7x"], "stop", "positive 64-bit integers"),
+        ([" 7"], "stop", "positive 64-bit integers"),
+        ([2**63], "stop", "positive 64-bit integers"),
+        ([1.0], "stop", "positive 64-bit integers"),
         ([], "maybe", "on_dependency_failure must be one of stop, run"),
         (list(range(1, 1002)), "stop", "at most 1000"),
     ],
@@ -163,9 +166,9 @@ def test_bad_dependencies_are_refused_and_nothing_is_written(depends_on: object,
     assert (Task.objects.count(), TaskDependency.objects.count()) == before
 
 
-def test_repeated_ids_and_task_objects_make_one_edge_each() -> None:
+def test_repeated_ids_task_objects_and_id_strings_make_one_edge_each() -> None:
     a = taskflow.enqueue(T, {})
-    b = taskflow.enqueue(T, {}, depends_on=[a, a.id, a])
+    b = taskflow.enqueue(T, {}, depends_on=[a, a.id, str(a.id)])
     assert list(TaskDependency.objects.filter(task_id=b.id).values_list("depends_on_id", flat=True)) == [a.id]
 
 

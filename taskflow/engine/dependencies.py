@@ -33,6 +33,7 @@ from django.utils import timezone
 from ..exceptions import InvalidTask
 from ..models import Status, Task, TaskDependency
 from . import sql, wakeup
+from .validation import MAX_BIGINT
 
 if TYPE_CHECKING:
     from .enqueueing import TaskSpec
@@ -58,7 +59,11 @@ def _always() -> bool:
 
 
 def validate_depends_on(value: Any) -> tuple[int, ...]:
-    """The dependency ids of a request, in order and without repeats; tasks or ids are accepted."""
+    """The dependency ids of a request, in order and without repeats.
+
+    Tasks, integers and strings of digits are accepted: the API sends 64-bit ids as strings, as
+    JavaScript cannot hold them as numbers.
+    """
     if value is None:
         return ()
     if isinstance(value, (str, bytes, int, dict)) or not isinstance(value, Iterable):
@@ -66,8 +71,10 @@ def validate_depends_on(value: Any) -> tuple[int, ...]:
     ids: dict[int, None] = {}
     for item in value:
         task_id = item.pk if isinstance(item, Task) else item
-        if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id <= 0:
-            raise InvalidTask(f"depends_on must hold task ids (positive integers); got {item!r}")
+        if isinstance(task_id, str) and task_id.isascii() and task_id.isdigit():
+            task_id = int(task_id)
+        if isinstance(task_id, bool) or not isinstance(task_id, int) or not 0 < task_id <= MAX_BIGINT:
+            raise InvalidTask(f"depends_on must hold task ids (positive 64-bit integers); got {item!r}")
         ids[task_id] = None
     if len(ids) > MAX_DEPENDENCIES:
         raise InvalidTask(f"depends_on may name at most {MAX_DEPENDENCIES} tasks; got {len(ids)}")
