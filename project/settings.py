@@ -98,6 +98,9 @@ TASKFLOW = {
     "REDIS_ALIAS": "default" if REDIS_URL else None,
 }
 
+# Django's own tasks framework (`@task` from django.tasks) runs on taskflow: docs/django-tasks.md.
+TASKS = {"default": {"BACKEND": "taskflow.backends.TaskflowBackend"}}
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

@@ -214,6 +214,7 @@ def _chunks(rows: list[Row]) -> Iterator[list[Row]]:
 def _estimated_bytes(row: Row) -> int:
     report, changes = row
     size = ROW_BYTES + len(changes.get("status_msg", ""))
+    size += sum(len(entry.get("traceback", "")) for entry in changes.get("schedule_log", ()))
     if changes.get("result") is not None:
         # The worker measured its result when it checked it; others (rare) are measured here.
         size += report.result_size if report.result_size is not None else len(json.dumps(changes["result"]))
