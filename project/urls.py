@@ -1,4 +1,5 @@
-"""URLs of the example project: its pages at the site root (demo/urls.py), the admin console at /admin/."""
+"""URLs of the example project: its pages at the site root (demo/urls.py), the admin console at /admin/,
+taskflow's own URLs (/metrics)."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -6,4 +7,5 @@ from django.urls import include, path
 urlpatterns = [
     path("", include("demo.urls")),
     path("admin/", admin.site.urls),
+    path("", include("taskflow.urls")),
 ]
