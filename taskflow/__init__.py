@@ -12,6 +12,7 @@ worker can register handlers without Django settings or a database.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
@@ -90,11 +91,14 @@ def enqueue(
     context: Any = None,
     trace_id: str = "",
     retry_same_host: int = 0,
+    depends_on: Iterable[int | Task] = (),
+    on_dependency_failure: str = "stop",
 ) -> Task:
     """Create a task in the caller's transaction, or return/replace the one with the same identity.
 
     The returned task's `enqueue_outcome` is "created", "existing" or "replaced". Raises
     InvalidTask (nothing written) or StaleVersion (a newer version of this key exists).
+    With `depends_on` the task waits until those tasks have succeeded (docs/dependencies.md).
     """
     from .engine.enqueueing import enqueue as _enqueue
 
@@ -112,6 +116,8 @@ def enqueue(
         context=context,
         trace_id=trace_id,
         retry_same_host=retry_same_host,
+        depends_on=depends_on,
+        on_dependency_failure=on_dependency_failure,
     )
 
 

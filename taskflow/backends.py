@@ -35,6 +35,7 @@ from .models import Task as TaskRow
 # taskflow's statuses as Django's four. A status not listed here (one added later) is not final,
 # so it reads as READY.
 STATUSES: dict[str, TaskResultStatus] = {
+    Status.WAITING: TaskResultStatus.READY,  # for its dependencies (docs/dependencies.md)
     Status.PENDING: TaskResultStatus.READY,  # also while waiting for a retry
     Status.PROCESSING: TaskResultStatus.RUNNING,
     Status.SUCCESS: TaskResultStatus.SUCCESSFUL,

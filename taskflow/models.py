@@ -17,6 +17,7 @@ from .engine.validation import MAX_PRIORITY, MIN_PRIORITY
 
 
 class Status(models.TextChoices):
+    WAITING = "waiting"  # for its dependencies (engine/dependencies.py); never claimed
     PENDING = "pending"
     PROCESSING = "processing"
     SUCCESS = "success"
@@ -137,6 +138,34 @@ class TaskKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_type}/{self.key}@v{self.version}"
+
+
+class TaskDependency(models.Model):
+    """One edge of the dependency graph: task `task_id` waits for task `depends_on_id` (engine/dependencies.py).
+
+    Not foreign keys, like TaskEvent: a task's rows may be purged or moved while edges are shown.
+    `outcome` is empty while the edge is open and holds the dependency's final status once the
+    release has seen it, so a success later expired to stopped still counts as a success.
+    """
+
+    task_id = models.BigIntegerField(help_text="the dependent task")
+    depends_on_id = models.BigIntegerField(help_text="the task it waits for")
+    run_on_failure = models.BooleanField(default=False, help_text="on_dependency_failure='run'")
+    outcome = models.CharField(max_length=10, blank=True, default="")
+
+    class Meta:
+        verbose_name = "task dependency"
+        verbose_name_plural = "task dependencies"
+        constraints = [models.UniqueConstraint(fields=["task_id", "depends_on_id"], name="taskflow_dependency_edge")]
+        indexes = [
+            # dependency -> dependents (the release); the unique constraint serves dependent -> dependencies.
+            models.Index(fields=["depends_on_id", "task_id"], name="taskflow_dependents_idx"),
+            # The open edges, by dependency: the watcher's repair reads only these.
+            models.Index(fields=["outcome", "depends_on_id"], name="taskflow_dependency_open_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.task_id} waits for #{self.depends_on_id}"
 
 
 def _within(setting: str) -> list[Any]:

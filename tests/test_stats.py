@@ -68,7 +68,7 @@ def test_current_reports_counts_rates_run_times_and_minutes_of_every_type(now) -
     assert result["generated_at"] == now.isoformat()
     assert set(result["types"]) == {A, B}
     a, b = result["types"][A], result["types"][B]
-    assert a["counts"] == {"pending": 3, "processing": 1, "success": 5, "failed": 1, "stopped": 1}
+    assert a["counts"] == {"waiting": 0, "pending": 3, "processing": 1, "success": 5, "failed": 1, "stopped": 1}
     assert a["oldest_pending_age_s"] == 120.0
     assert a["success_rate"] == 0.8  # 4 of the 5 judged in the window (stopped tasks are not judged)
     assert 100 < a["run_time_ms"]["p50"] <= 250  # four of five took 150 ms

@@ -19,6 +19,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from ..engine.dependencies import neighbours
 from ..engine.operations import applicable
 from ..engine.periodic import MANUAL_SUFFIX, schedule_of
 from ..engine.validation import MAX_BIGINT
@@ -52,6 +53,7 @@ LIST_COLUMNS = (
 )
 OTHER_VERSIONS_SHOWN = 20
 EVENTS_SHOWN = 50
+NEIGHBOURS_SHOWN = 50  # dependencies and dependents, each
 
 
 class TaskChangeList(CappedChangeList):
@@ -163,7 +165,7 @@ class TaskAdmin(ReadOnlyAdmin):
         return super().change_view(request, object_id, form_url, extra_context)
 
     def task_page(self, request: HttpRequest, task: Task) -> dict[str, Any]:
-        """What the task page shows besides its fields: actions, attempts, other versions, history."""
+        """What the task page shows besides its fields: actions, attempts, dependencies, other versions, history."""
         actions = []
         if self.has_operate_permission(request):
             for name in applicable(task):
@@ -183,6 +185,8 @@ class TaskAdmin(ReadOnlyAdmin):
             **periodic_context(task),
             "task_actions": actions,
             "attempts_log": attempts_log(task),
+            **neighbours(task.pk, limit=NEIGHBOURS_SHOWN),
+            "neighbours_shown": NEIGHBOURS_SHOWN,
             "other_versions": versions,
             "events": events,
             "events_url": reverse("admin:taskflow_taskevent_changelist") + "?" + urlencode({"q": task.pk}),
@@ -198,6 +202,8 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description="due")
     def due(self, task: Task) -> str:
+        if task.status == Status.WAITING:
+            return "after its dependencies"
         return display.relative(task.run_after) if task.status == Status.PENDING else display.EMPTY
 
     @admin.display(description="worker")

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask, StaleVersion
 from ..models import Status, Task
-from . import ids, sql, wakeup
+from . import dependencies, ids, sql, wakeup
 from .configs import configs
 from .transitions import order_time
 from .validation import (
@@ -48,6 +48,8 @@ _SPEC_FIELDS = {
     "context",
     "trace_id",
     "retry_same_host",
+    "depends_on",
+    "on_dependency_failure",
 }
 
 
@@ -69,6 +71,11 @@ class TaskSpec:
     trace_id: str = ""
     retry_same_host: int = 0
     payload_text: str | None = None  # the payload as validated JSON, reused by the INSERT
+    depends_on: tuple[int, ...] = ()  # task ids it waits for (engine/dependencies.py)
+    run_on_dependency_failure: bool = False  # on_dependency_failure="run"
+    # The status it is created in: set by dependencies.plan once its dependencies are read.
+    status: str = Status.PENDING
+    status_msg: str = ""
 
     @classmethod
     def build(cls, now: datetime, task_type: object, payload: Any = None, **options: Any) -> TaskSpec:
@@ -99,6 +106,8 @@ class TaskSpec:
             retry_same_host=validate_non_negative_int(  # type: ignore[arg-type]
                 "retry_same_host", options.get("retry_same_host", 0), maximum=MAX_INT
             ),
+            depends_on=dependencies.validate_depends_on(options.get("depends_on")),
+            run_on_dependency_failure=dependencies.validate_on_failure(options.get("on_dependency_failure")),
         )
 
 
@@ -117,6 +126,8 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     specs = [r if isinstance(r, TaskSpec) else _spec_from_mapping(r, now) for r in requests]
     if not specs:
         return []
+    # Reads the dependencies (InvalidTask for unknown ones) and sets each spec's initial status.
+    read = dependencies.plan(specs)
     cfgs = configs.get_many(s.task_type for s in specs)
     results: list[Task | None] = [None] * len(specs)
     keyed = [i for i, spec in enumerate(specs) if spec.key is not None]
@@ -132,7 +143,7 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     # Unkeyed tasks cannot be refused: no savepoint; a lone INSERT is atomic by itself, so it needs
     # no transaction at all (one round trip, not four).
     batches = sql.insert_batches([t for _, t in fresh])
-    if not keyed and len(batches) <= 1:
+    if not keyed and len(batches) <= 1 and not read:
         block: Any = nullcontext()
     elif not connection.in_atomic_block:
         block = sql.transaction_of_statements()
@@ -151,9 +162,18 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
         # Identity locks are taken in one global order so two bulk calls cannot deadlock.
         for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
             results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now, next(new_ids))
-    wakeup.notify_on_commit(
-        {t.task_type for t in results if t is not None and t.enqueue_outcome != EXISTING and t.run_after <= now}
-    )
+        written = [(t, specs[i]) for i, t in enumerate(results) if t is not None and t.enqueue_outcome != EXISTING]
+        replaced = [t.pk for t, _ in written if t.enqueue_outcome == REPLACED]
+        created = [(t, spec) for t, spec in written if spec.depends_on]
+        if created or replaced:
+            dependencies.record_edges(created, replaced, read)
+    # Outside the block: on MySQL it may be a transaction Django does not see (no on_commit inside).
+    dependencies.check_after_commit(created, read)
+    superseding = [t for t, _ in written if getattr(t, "superseded_older", False)]
+    if superseding:
+        # After the commit, so the lookup holds no lock of the enqueue's.
+        transaction.on_commit(lambda: dependencies.release_on_commit(_stopped_older_versions(superseding)))
+    wakeup.notify_on_commit({t.task_type for t, _ in written if t.status == Status.PENDING and t.run_after <= now})
     return results  # type: ignore[return-value]
 
 
@@ -183,6 +203,9 @@ def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
         "retry_same_host": spec.retry_same_host,
         "created_at": now,
         "updated_at": now,
+        "status": spec.status,
+        "status_msg": spec.status_msg,
+        "finished_at": now if spec.status == Status.STOPPED else None,
     }
     # Positional construction skips the per-field keyword handling of Model.__init__, which
     # dominated bulk enqueueing; defaults come from one template row.
@@ -227,12 +250,14 @@ def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) ->
     if existing is None:
         task = _insert_new(table, spec, aging, now, task_id)
     elif existing.status in (Status.FAILED, Status.STOPPED):
+        dependencies.refuse_cycle(existing.pk, spec)
         task = _replace(existing, spec, aging, now)
     else:
         existing.enqueue_outcome = EXISTING  # type: ignore[attr-defined]
         return existing
     # Waiting older versions stop; running ones finish their attempt and then stop.
-    sql.supersede_older_versions(table, spec.task_type, spec.key, spec.version, now)
+    if sql.supersede_older_versions(table, spec.task_type, spec.key, spec.version, now):
+        task.superseded_older = True  # type: ignore[attr-defined]  (their dependents are released after commit)
     return task
 
 
@@ -247,8 +272,8 @@ def _replace(existing: Task, spec: TaskSpec, aging: float, now: datetime) -> Tas
     """Turn a failed or stopped task back into a fresh pending one, keeping its id and history."""
     fresh = _new_task(spec, aging, now)
     changes = {
-        "status": Status.PENDING,
-        "status_msg": f"re-enqueued (was {existing.status})",
+        "status": spec.status,
+        "status_msg": spec.status_msg or f"re-enqueued (was {existing.status})",
         "payload": fresh.payload,
         "context": fresh.context,
         "stage": fresh.stage,
@@ -268,7 +293,7 @@ def _replace(existing: Task, spec: TaskSpec, aging: float, now: datetime) -> Tas
         "worker_id": "",
         "lease_expires_at": None,
         "started_at": None,
-        "finished_at": None,
+        "finished_at": fresh.finished_at,
         "updated_at": now,
     }
     # Guarded: only a task still failed/stopped is replaced.
@@ -276,3 +301,17 @@ def _replace(existing: Task, spec: TaskSpec, aging: float, now: datetime) -> Tas
     task = Task.objects.get(pk=existing.pk)
     task.enqueue_outcome = REPLACED if updated else EXISTING  # type: ignore[attr-defined]
     return task
+
+
+def _stopped_older_versions(tasks: list[Task]) -> list[int]:
+    """Ids of the older versions these tasks' enqueues stopped (their dependents are released next)."""
+    found: list[int] = []
+    for task in tasks:
+        found += Task.objects.filter(
+            task_type=task.task_type,
+            key=task.key,
+            version__lt=task.version,
+            superseded_by=task.version,
+            status=Status.STOPPED,
+        ).values_list("id", flat=True)
+    return found

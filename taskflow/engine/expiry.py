@@ -16,7 +16,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..models import ScheduleCfg, Status, Task
+from ..models import ScheduleCfg, Status, Task, TaskDependency
+from . import dependencies
 
 log = logging.getLogger("taskflow.watch")
 
@@ -36,16 +37,19 @@ def fail_stale_pending(now: datetime | None = None, keep_going: KeepGoing = _alw
     for cfg in ScheduleCfg.objects.filter(pending_timeout__gt=0, paused=False):
         cutoff = now - timedelta(seconds=cfg.pending_timeout)
         stale = Q(task_type=cfg.task_type, status=Status.PENDING, run_after__lt=cutoff)
-        count = _in_batches(
-            stale,
-            lambda ids, stale=stale, cfg=cfg: Task.objects.filter(stale, id__in=ids).update(
+
+        def fail(ids: list[int], stale: Q = stale, cfg: ScheduleCfg = cfg) -> int:
+            count = Task.objects.filter(stale, id__in=ids).update(
                 status=Status.FAILED,
                 status_msg=f"pending timeout: not started within {cfg.pending_timeout}s of its due time",
                 finished_at=now,
                 updated_at=now,
-            ),
-            keep_going,
-        )
+            )
+            # Their dependents follow (release ignores the ids that changed meanwhile and were not failed).
+            dependencies.release_on_commit(ids)
+            return count
+
+        count = _in_batches(stale, fail, keep_going)
         if count:
             log.info("failed %d %s task(s) pending past %ds", count, cfg.task_type, cfg.pending_timeout)
         total += count
@@ -83,11 +87,20 @@ def purge_finished(now: datetime | None = None, keep_going: KeepGoing = _always)
             # finished_at, not updated_at: it is indexed with status and never moves once set.
             finished_at__lt=now - timedelta(days=cfg.purge_after_days),
         )
-        count = _in_batches(old, lambda ids, old=old: Task.objects.filter(old, id__in=ids).delete()[0], keep_going)
+        count = _in_batches(old, lambda ids, old=old: _delete(old, ids), keep_going)
         if count:
             log.info("purged %d %s task(s) finished over %d day(s) ago", count, cfg.task_type, cfg.purge_after_days)
         total += count
     return total
+
+
+def _delete(which: Q, ids: list[int]) -> int:
+    """Delete these tasks (if still `which`) and the dependency edges that made them wait."""
+    deleted = Task.objects.filter(which, id__in=ids).delete()[0]
+    # The edges these (finished) tasks waited by mean nothing once they are gone; the edges of tasks
+    # that waited for them stay, so those still show what they depended on.
+    TaskDependency.objects.filter(task_id__in=ids).exclude(task_id__in=Task.objects.filter(id__in=ids)).delete()
+    return deleted
 
 
 def _in_batches(which: Q, apply: Callable[[list[int]], int], keep_going: KeepGoing) -> int:

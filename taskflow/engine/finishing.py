@@ -2,8 +2,8 @@
 
 The worker's reports, taskwatch's rescues, operator actions and the HTTP API all end attempts
 through `finish_attempts`: it decides each row's changes with the state machine, writes them with
-guarded UPDATEs, gives each accepted attempt's limiter slot back exactly once, and wakes workers
-for work it made due.
+guarded UPDATEs, gives each accepted attempt's limiter slot back exactly once, wakes workers
+for work it made due, and releases the tasks waiting for the tasks it finished (dependencies.py).
 
 One report must never hold back the others. Statements are bounded by rows and by bytes (MySQL
 refuses a packet over max_allowed_packet, 16 MiB by default). A write that fails while the
@@ -30,7 +30,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connection, tran
 from django.utils import timezone
 
 from ..models import ScheduleCfg, Status
-from . import sql, tasklog, wakeup
+from . import dependencies, sql, tasklog, wakeup
 from .attempts import Outcome, Report
 from .configs import configs
 from .limiter import Limiter
@@ -81,6 +81,10 @@ def finish_attempts(
     finally:
         # Also when an outage stopped the rest: what was written keeps its slots and wake-ups right.
         _give_slots_back(accepted, cfgs, limiter)
+        # Tasks that reached their final status release the tasks waiting for them, once committed.
+        dependencies.release_on_commit(
+            r.task.id for r in accepted if r.written and r.written.get("status") in dependencies.FINISHED
+        )
         # Requeued work that is due now (retries without delay, next stages, hand-backs): look at once.
         due = {r.task.task_type for r in accepted if _due_now(r.written, now)}
         if due:

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask, TaskStopped, class_path
 from ..models import ScheduleCfg, Status, Task, TaskEvent, TaskKey
-from . import sql, wakeup
+from . import dependencies, sql, wakeup
 from .attempts import ClaimedTask, Outcome, Report
 from .configs import configs
 from .finishing import finish_attempts
@@ -68,14 +68,15 @@ Rule = Callable[[dict[str, Any], "_Batch"], Decision]
 
 
 def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool = False) -> OperationResult:
-    """Stop tasks: pending ones at once; running ones too, fencing their attempt (its writes are refused).
+    """Stop tasks: pending and waiting ones at once; running ones too, fencing their attempt (its writes are refused).
 
     A running handler is told through `ctx.stop_requested`, and its next heartbeat or checkpoint
     raises LeaseLost; its concurrency slot is given back at once. Finished tasks are skipped.
+    Tasks waiting for a stopped task are stopped too (dependencies.py), down the graph.
     """
 
     def rule(row: dict[str, Any], batch: _Batch) -> Decision:
-        if row["status"] == Status.PENDING:
+        if row["status"] in (Status.PENDING, Status.WAITING):
             return {
                 "status": Status.STOPPED,
                 "status_msg": _message("stopped", batch.actor, batch.reason),
@@ -91,10 +92,14 @@ def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
 def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool = False) -> OperationResult:
     """Run tasks now: failed or stopped ones again with a fresh retry budget, delayed pending ones early.
 
-    The schedule log is kept. A superseded version (a newer one of its key exists) is not retried.
+    The schedule log is kept. A superseded version (a newer one of its key exists) is not retried,
+    nor a task with a dependency that has not succeeded (retry that first); a task waiting for
+    its dependencies keeps waiting (reschedule moves the time it runs once released).
     """
 
     def rule(row: dict[str, Any], batch: _Batch) -> Decision:
+        if row["status"] == Status.WAITING:
+            return "waiting for dependencies"
         if row["status"] == Status.PENDING:
             if row["run_after"] <= batch.now:
                 return "already due"
@@ -102,6 +107,8 @@ def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
         if row["status"] in (Status.FAILED, Status.STOPPED):
             if batch.superseded(row):
                 return "superseded"
+            if batch.blocked(row):
+                return "dependency not succeeded"
             return {**batch.revived(row, "retried"), **batch.due_at(row, batch.now)}
         return "running" if row["status"] == Status.PROCESSING else "succeeded"
 
@@ -111,16 +118,21 @@ def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
 def reschedule(
     selection: Selection, *, run_after: datetime | float, by: Any, reason: str = "", dry_run: bool = False
 ) -> OperationResult:
-    """Move tasks' due time (`run_after`: an aware datetime or seconds from now); failed/stopped ones become pending."""
+    """Move tasks' due time (`run_after`: an aware datetime or seconds from now); failed/stopped ones become pending.
+
+    A waiting task keeps waiting for its dependencies and runs no earlier than `run_after` once released.
+    """
     now = timezone.now()
     when = resolve_run_after(run_after, now)
 
     def rule(row: dict[str, Any], batch: _Batch) -> Decision:
-        if row["status"] == Status.PENDING:
+        if row["status"] in (Status.PENDING, Status.WAITING):
             return batch.due_at(row, when)
         if row["status"] in (Status.FAILED, Status.STOPPED):
             if batch.superseded(row):
                 return "superseded"
+            if batch.blocked(row):
+                return "dependency not succeeded"
             return {**batch.revived(row, "rescheduled"), **batch.due_at(row, when)}
         return "running" if row["status"] == Status.PROCESSING else "succeeded"
 
@@ -137,7 +149,7 @@ def set_priority(
         if row["priority"] == priority:
             return "unchanged"
         changes: dict[str, Any] = {"priority": priority}
-        if row["status"] == Status.PENDING:
+        if row["status"] in (Status.PENDING, Status.WAITING):
             changes["order_time"] = order_time(row["run_after"], priority, batch.cfg(row).priority_aging)
         return changes
 
@@ -169,11 +181,11 @@ def applicable(task: Task, now: datetime | None = None) -> list[str]:
     now = now or timezone.now()
     status = task.status
     names = []
-    if status in (Status.PENDING, Status.PROCESSING):
+    if status in (Status.WAITING, Status.PENDING, Status.PROCESSING):
         names.append("terminate")
     if status in (Status.FAILED, Status.STOPPED) or (status == Status.PENDING and task.run_after > now):
         names.append("retry_now")
-    if status in (Status.PENDING, Status.FAILED, Status.STOPPED):
+    if status in (Status.WAITING, Status.PENDING, Status.FAILED, Status.STOPPED):
         names.append("reschedule")
     if status != Status.SUCCESS:
         names += ["set_priority", "set_max_retries"]
@@ -217,6 +229,13 @@ class _Batch:
                 "task_type", "key", "version"
             ):
                 self._newest[(task_type, key)] = version
+        self._blocked = dependencies.revival_blockers(
+            [row["id"] for row in rows if row["status"] in (Status.FAILED, Status.STOPPED)]
+        )
+
+    def blocked(self, row: dict[str, Any]) -> bool:
+        """Whether a finished task may not run again because a dependency of it has not succeeded."""
+        return row["id"] in self._blocked
 
     def cfg(self, row: dict[str, Any]) -> ScheduleCfg:
         return self._cfgs[row["task_type"]]
@@ -341,6 +360,9 @@ def _apply_batch(
             for task_id in sorted(stopped)
         ]
         TaskEvent.objects.bulk_create(events)
+        # Tasks stopped here release the tasks waiting for them (those ended through
+        # finish_attempts are released by it).
+        dependencies.release_on_commit(i for i in written if writes[i].get("status") == Status.STOPPED)
         for task_id in written:
             change, row = writes[task_id], by_id[task_id]
             pending = change.get("status", row["status"]) == Status.PENDING

@@ -381,7 +381,7 @@ def find_task(table: str, task_type: str, key: str, version: int) -> Task | None
 
 
 def supersede_older_versions(table: str, task_type: str, key: str, version: int, now: datetime) -> int:
-    """Mark every live older version of a key as superseded by `version`; waiting ones stop now.
+    """Mark every live older version of a key as superseded by `version`; pending and waiting ones stop now.
 
     A running one keeps its attempt: its report reads the mark (see update_attempts) and stops the
     task instead of queueing it again. One statement, so each row is either still waiting (and
@@ -389,7 +389,7 @@ def supersede_older_versions(table: str, task_type: str, key: str, version: int,
     through, and row locks order this statement and that report either way.
     """
     qn = quote
-    waiting = f"{qn('status')} = %s"
+    waiting = f"{qn('status')} IN (%s, %s)"  # pending, or waiting for its dependencies
     sql = (
         # MySQL assigns left to right and later expressions see earlier assignments: status last.
         f"UPDATE {qn(table)} SET "
@@ -399,16 +399,16 @@ def supersede_older_versions(table: str, task_type: str, key: str, version: int,
         f"{qn('superseded_by')} = %s, "
         f"{qn('status')} = CASE WHEN {waiting} THEN %s ELSE {qn('status')} END "
         f"WHERE {qn('task_type')} = %s AND {qn('task_key')} = %s AND {qn('version')} < %s "
-        f"AND {qn('status')} IN (%s, %s)"
+        f"AND {qn('status')} IN (%s, %s, %s)"
     )
-    at, pending = datetime_to_db(now), Status.PENDING.value
+    at, waiting_ = datetime_to_db(now), (Status.PENDING.value, Status.WAITING.value)
     params = [
-        *(pending, f"superseded by version {version}"),
-        *(pending, at),
-        *(pending, at),
+        *(*waiting_, f"superseded by version {version}"),
+        *(*waiting_, at),
+        *(*waiting_, at),
         version,
-        *(pending, Status.STOPPED.value),
-        *(task_type, key, version, pending, Status.PROCESSING.value),
+        *(*waiting_, Status.STOPPED.value),
+        *(task_type, key, version, *waiting_, Status.PROCESSING.value),
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

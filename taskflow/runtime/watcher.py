@@ -17,6 +17,7 @@ from django.db import DatabaseError, close_old_connections
 
 from ..conf import get_settings
 from ..engine import limiter, periodic
+from ..engine.dependencies import repair_waiting
 from ..engine.expiry import expire_successes, fail_stale_pending, purge_finished
 from ..engine.rescue import rescue_dead_workers, rescue_expired_attempts
 from ..engine.stats import refresh as refresh_stats
@@ -35,6 +36,7 @@ DUTIES: tuple[tuple[str, Duty], ...] = (
     ("fire_periodic_tasks", periodic.fire_periodic_tasks),
     ("rescue_dead_workers", rescue_dead_workers),
     ("rescue_expired_attempts", rescue_expired_attempts),
+    ("repair_waiting", repair_waiting),
     ("fail_stale_pending", fail_stale_pending),
     ("expire_successes", expire_successes),
     ("purge_finished", purge_finished),
