@@ -11,8 +11,8 @@ from .listing import ReadOnlyAdmin
 
 @admin.register(SchedulePos)
 class SchedulePosAdmin(ReadOnlyAdmin):
-    list_display = ["task_type", "schedule_begin_pos", "schedule_end_pos", "updated_at"]
-    ordering = ["task_type"]
+    list_display = ["position", "started_at", "row_count", "min_id", "max_id", "newest_finished_at", "dropped_at"]
+    ordering = ["-position"]
 
 
 @admin.register(Lock)

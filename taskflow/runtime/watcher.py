@@ -19,6 +19,7 @@ from ..conf import get_settings
 from ..engine import limiter
 from ..engine.expiry import expire_successes, fail_stale_pending, purge_finished
 from ..engine.rescue import rescue_dead_workers, rescue_expired_attempts
+from ..engine.rolling import roll_when_due
 from ..engine.workers import reap_dead_worker_rows
 from . import connections
 from .leadership import Leadership
@@ -36,6 +37,7 @@ DUTIES: tuple[tuple[str, Duty], ...] = (
     ("fail_stale_pending", fail_stale_pending),
     ("expire_successes", expire_successes),
     ("purge_finished", purge_finished),
+    ("roll_tables", roll_when_due),
     ("reap_dead_worker_rows", reap_dead_worker_rows),
 )
 
