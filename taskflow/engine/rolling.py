@@ -214,9 +214,10 @@ def roll(
         if not sql.lock_rollable(hot, cutoff, 1):  # nothing to move: start no table for it
             break
         current = _current_table(now, result)
-        limit = min(batch, settings.ROLL_MAX_ROWS - current.row_count)
-        moved = _move_batch(current.position, cutoff, limit, now)
+        moved, limit = _move_batch(current.position, cutoff, batch, now)
         result.moved += moved
+        if limit == 0:  # a concurrent roll filled the table: the next pass starts another
+            continue
         if moved < limit:  # the rest is locked by someone (or a drop raced us): next run
             break
         if pause:
@@ -257,30 +258,35 @@ def _current_table(now: datetime, result: RollResult) -> SchedulePos:
     raise RollError("could not start the next history table (concurrent rolls kept racing)")
 
 
-def _move_batch(position: int, cutoff: datetime, limit: int, now: datetime) -> int:
-    """Move up to `limit` old finished tasks into history table `position`: copy, delete and count, one transaction."""
+def _move_batch(position: int, cutoff: datetime, batch: int, now: datetime) -> tuple[int, int]:
+    """Move up to `batch` old finished tasks into history table `position`: copy, delete and count, one transaction.
+
+    Returns how many moved, and how many it tried to (less than `batch` when the table is nearly full).
+    """
     hot, target = sql.task_table(), history_table(position)
     with transaction.atomic():
         # The position row first: it orders moves, restores and drops of this table, and on SQLite
         # the transaction holds the write lock before anything is read.
         if not SchedulePos.objects.filter(position=position, dropped_at__isnull=True).update(updated_at=now):
-            return 0
-        rows = sql.lock_rollable(hot, cutoff, limit)
+            return 0, batch
+        pos = SchedulePos.objects.get(position=position)
+        # Read under that lock: another roll may have filled the table since we chose it.
+        limit = max(0, min(batch, get_settings().ROLL_MAX_ROWS - pos.row_count))
+        rows = sql.lock_rollable(hot, cutoff, limit) if limit else []
         if not rows:
-            return 0
+            return 0, limit
         ids = [task_id for task_id, _ in rows]
         copied = sql.copy_tasks(hot, target, ids)
         deleted = sql.delete_tasks(hot, ids)
         if copied != len(ids) or deleted != len(ids):
             raise RollError(f"moving {len(ids)} tasks to {target}: copied {copied}, deleted {deleted}")
-        pos = SchedulePos.objects.get(position=position)
         newest = max(finished for _, finished in rows)
         pos.row_count += len(ids)
         pos.min_id = min(ids) if pos.min_id is None else min(pos.min_id, *ids)
         pos.max_id = max(ids) if pos.max_id is None else max(pos.max_id, *ids)
         pos.newest_finished_at = newest if pos.newest_finished_at is None else max(pos.newest_finished_at, newest)
         pos.save(update_fields=["row_count", "min_id", "max_id", "newest_finished_at"])
-    return len(ids)
+    return len(ids), limit
 
 
 def _expired(now: datetime) -> Q:
@@ -466,3 +472,18 @@ def restore(task_ids: Iterable[int], now: datetime | None = None) -> int:
         moved += len(present)
         wanted -= set(present)
     return moved
+
+
+def browse(
+    position: int, *, task_type: str = "", status: str = "", before_id: int | None = None, limit: int = 50
+) -> list[Task]:
+    """A page of history table `position` for the console, newest id first (empty if it was dropped)."""
+    if not _still_kept(position):
+        return []
+    columns = ("id", "task_type", "key", "version", "status", "attempts", "created_at", "finished_at")
+    table = history_table(position)
+    page = _read(
+        position,
+        lambda: sql.page_of_tasks(table, columns, task_type=task_type, status=status, before_id=before_id, limit=limit),
+    )
+    return [_mark(task, position) for task in page or []]

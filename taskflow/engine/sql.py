@@ -732,3 +732,24 @@ def find_identity(tables: dict[int, str], task_type: str, key: str, version: int
     if not parts:
         return None
     return next(iter(Task.objects.raw(" UNION ALL ".join(parts), params)), None)
+
+
+def page_of_tasks(
+    table: str, columns: Sequence[str], *, task_type: str = "", status: str = "", before_id: int | None, limit: int
+) -> list[Task]:
+    """Up to `limit` tasks of a task table, newest id first, below `before_id`, optionally of one type and status."""
+    qn = quote
+    conditions, params = [], []
+    if task_type:
+        conditions.append(f"{qn('task_type')} = %s")
+        params.append(task_type)
+    if status:
+        conditions.append(f"{qn('status')} = %s")
+        params.append(status)
+    if before_id is not None:
+        conditions.append(f"{qn('id')} < %s")
+        params.append(before_id)
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    selected = ", ".join(column(name) for name in columns)
+    sql = f"SELECT {selected} FROM {qn(table)}{where} ORDER BY {qn('id')} DESC LIMIT %s"
+    return list(Task.objects.raw(sql, [*params, limit]))
