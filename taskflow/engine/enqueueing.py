@@ -223,8 +223,8 @@ def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) ->
     if spec.version < newest:
         raise StaleVersion(spec.task_type, spec.key, spec.version, newest)
 
-    existing = sql.find_task(table, spec.task_type, spec.key, spec.version)
-    if existing is None:
+    existing, rolled = sql.find_task_noting_history(table, spec.task_type, spec.key, spec.version)
+    if existing is None and rolled:
         # An identity spans the task table and the history tables it rolled into.
         existing = _from_history(spec, now)
     if existing is None:

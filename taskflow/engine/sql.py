@@ -23,7 +23,7 @@ from django.db.models import DateTimeField
 from django.db.models.expressions import RawSQL
 from django.utils.dateparse import parse_datetime
 
-from ..models import Status, Task, TaskKey, WorkerProcess
+from ..models import SchedulePos, Status, Task, TaskKey, WorkerProcess
 
 Adapter = Callable[[Any], Any]
 INSERT_BATCH = 1000  # rows per multi-row INSERT
@@ -336,6 +336,25 @@ def find_task(table: str, task_type: str, key: str, version: int) -> Task | None
     qn = quote
     sql = f"SELECT * FROM {qn(table)} WHERE {qn('task_type')} = %s AND {qn('task_key')} = %s AND {qn('version')} = %s"
     return next(iter(Task.objects.raw(sql, [task_type, key, version])), None)
+
+
+def find_task_noting_history(table: str, task_type: str, key: str, version: int) -> tuple[Task | None, bool]:
+    """The task of one identity in `table`, if any, and whether history tables are kept: one statement.
+
+    A keyed enqueue that misses the task table must look in history (rolling.find_identity); the
+    count of kept tables rides along so that deployments that never rolled pay no extra round trip.
+    """
+    qn = quote
+    positions = qn(SchedulePos._meta.db_table)
+    kept = f"(SELECT COUNT(*) AS {qn('history_tables')} FROM {positions} WHERE {qn('dropped_at')} IS NULL) h"
+    columns = ", ".join(f"t.{qn(f.column)}" for f in Task._meta.concrete_fields)
+    sql = (
+        f"SELECT h.{qn('history_tables')}, {columns} FROM {kept} LEFT JOIN {qn(table)} t "
+        f"ON t.{qn('task_type')} = %s AND t.{qn('task_key')} = %s AND t.{qn('version')} = %s"
+    )
+    rows = list(Task.objects.raw(sql, [task_type, key, version]))
+    found = next((task for task in rows if task.pk is not None), None)
+    return found, bool(rows and rows[0].history_tables)
 
 
 def supersede_older_versions(table: str, task_type: str, key: str, version: int, now: datetime) -> int:
