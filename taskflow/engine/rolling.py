@@ -210,10 +210,11 @@ def roll(
         return _plan(now, cutoff)
     result = RollResult(dropped=drop_expired(now))
     hot = sql.task_table()
+    synced: set[int] = set()
     while keep_going():
         if not sql.lock_rollable(hot, cutoff, 1):  # nothing to move: start no table for it
             break
-        current = _current_table(now, result)
+        current = _current_table(now, result, synced)
         moved, limit = _move_batch(current.position, cutoff, batch, now)
         result.moved += moved
         if limit == 0:  # a concurrent roll filled the table: the next pass starts another
@@ -227,8 +228,11 @@ def roll(
     return result
 
 
-def _current_table(now: datetime, result: RollResult) -> SchedulePos:
-    """The history table being filled, starting the next one when it is full or old; its table exists."""
+def _current_table(now: datetime, result: RollResult, synced: set[int]) -> SchedulePos:
+    """The history table being filled, starting the next one when it is full or old; its table exists.
+
+    `synced` holds the positions this roll already checked the table of (once per roll is enough).
+    """
     settings = get_settings()
     for _ in range(RACE_RETRIES):
         current = kept().last()
@@ -253,7 +257,9 @@ def _current_table(now: datetime, result: RollResult) -> SchedulePos:
             except IntegrityError:  # another roll started it first
                 continue
             result.started.append(history_table(position))
-        sync_table(current.position)
+        if current.position not in synced:
+            sync_table(current.position)
+            synced.add(current.position)
         return current
     raise RollError("could not start the next history table (concurrent rolls kept racing)")
 
@@ -327,14 +333,19 @@ def _plan(now: datetime, cutoff: datetime) -> RollResult:
     """What roll() would do now, reading only."""
     settings = get_settings()
     result = RollResult(dry_run=True)
-    result.dropped = [history_table(p.position) for p in kept().filter(_expired(now))]
-    dropped = set(result.dropped)
+    expired = [p.position for p in kept().filter(_expired(now))]
+    with connection.cursor() as cursor:
+        tables = set(connection.introspection.table_names(cursor))
+    unfinished = [p.position for p in SchedulePos.objects.filter(dropped_at__isnull=False)]
+    result.dropped = [history_table(p) for p in expired] + [
+        history_table(p) for p in unfinished if history_table(p) in tables
+    ]
     result.moved = sql.count_rollable(sql.task_table(), cutoff)
     if not result.moved:
         return result
     newest = SchedulePos.objects.order_by("position").last()
     next_position = newest.position + 1 if newest else 1
-    current = kept().exclude(position__in=[int(t.rsplit("_", 1)[1]) for t in dropped]).last()
+    current = kept().exclude(position__in=expired).last()
     old = now - timedelta(seconds=settings.ROLL_TABLE_SECONDS)
     room = 0
     if current is not None and not (current.row_count and current.started_at <= old):
