@@ -274,3 +274,33 @@ def test_the_watcher_rolls_only_when_enabled() -> None:
         finished(1)
         assert rolling.roll_when_due() == 0  # not due again for a minute
     rolling._next_roll = 0.0
+
+
+def test_a_real_migration_operation_reaches_history_tables_through_post_migrate() -> None:
+    from django.db import migrations, models
+    from django.db.migrations.loader import MigrationLoader
+
+    finished(2)
+    rolling.roll(pause=0)
+    table = rolling.history_table(1)
+    before = MigrationLoader(connection).project_state()
+    after = before.clone()
+    add = migrations.AddField("task", "note", models.TextField(default="", blank=True))
+    add.state_forwards("taskflow", after)
+
+    def columns() -> set[str]:
+        with connection.cursor() as cursor:
+            return {c.name for c in connection.introspection.get_table_description(cursor, table)}
+
+    try:
+        with connection.schema_editor() as editor:
+            add.database_forwards("taskflow", editor, before, after)
+        rolling.sync_after_migrate(apps=after.apps)  # what `migrate` sends when it is done
+        assert "note" in columns()
+        assert len(history_ids(1)) == 2  # the rows stayed
+    finally:
+        with connection.schema_editor() as editor:
+            add.database_backwards("taskflow", editor, after, before)
+        rolling.sync_after_migrate(apps=before.apps)  # migrating back removes it again
+    assert "note" not in columns()
+    assert rolling.schema_drift() == []

@@ -81,13 +81,13 @@ def kept() -> models.QuerySet[SchedulePos]:
 
 
 _history_apps = Apps()  # history models live outside the app registry: migrations never see them
-_history_models: dict[tuple[int, str], type[models.Model]] = {}  # by (task model, table)
+_history_models: dict[tuple[type[models.Model], str], type[models.Model]] = {}  # by (task model, table)
 
 
 def history_model(table: str, task_model: type[models.Model] = Task) -> type[models.Model]:
     """A model of one history table: the task model's columns, and indexes for identity and browsing only."""
     fields = tuple(task_model._meta.local_concrete_fields)
-    cache_key = (id(task_model), table)
+    cache_key = (task_model, table)
     if cache_key in _history_models:
         return _history_models[cache_key]
     attrs: dict[str, Any] = {"__module__": __name__, **{f.name: f.clone() for f in fields}}
