@@ -71,11 +71,14 @@ def fill_finished(rows: int, *, status: str = "success", days_ago: float = 2.0) 
     return time.perf_counter() - started
 
 
-def throughput(tasks: int, repeat: int = 3) -> float:
-    """The median of `repeat` runs of `one_throughput` (the machine may be shared: one run is noisy)."""
+def throughput(tasks: int, repeat: int) -> tuple[float, float]:
+    """The median and the best of `repeat` runs of `one_throughput`.
+
+    On a shared machine other processes slow some runs down; the best run is the least disturbed.
+    """
     runs = sorted(one_throughput(tasks) for _ in range(repeat))
     print(f"    runs: {', '.join(f'{r:,.0f}' for r in runs)} tasks/s", flush=True)
-    return runs[len(runs) // 2]
+    return runs[len(runs) // 2], runs[-1]
 
 
 def one_throughput(tasks: int) -> float:
@@ -124,6 +127,10 @@ def purge_delete(rows: int) -> float:
     return elapsed
 
 
+def rate(figure: tuple[float, float]) -> str:
+    return f"median {figure[0]:,.0f} tasks/s, best {figure[1]:,.0f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000, help="finished rows for the large case")
@@ -131,6 +138,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000, help="tasks claimed and completed per measurement")
     parser.add_argument("--day-rows", type=int, default=1_000_000, help="rows in the day dropped vs deleted")
     parser.add_argument("--roll-batch", type=int, default=10_000, help="rows moved per roll transaction")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per throughput measurement")
     parser.add_argument("--reuse-db", action="store_true")
     args = parser.parse_args()
 
@@ -155,14 +163,14 @@ def main() -> None:
 
     print(f"- {args.small:,} finished rows")
     fill_finished(args.small)
-    base = throughput(args.tasks)
-    figures.append((f"claim+complete, {args.small:,} finished rows", f"{base:,.0f} tasks/s"))
+    base = throughput(args.tasks, args.repeat)
+    figures.append((f"claim+complete, {args.small:,} finished rows", rate(base)))
 
     print(f"- {args.rows:,} finished rows, never rolled")
     seconds = fill_finished(args.rows - args.small)
     print(f"    filled in {seconds:.1f} s")
-    never = throughput(args.tasks)
-    figures.append((f"claim+complete, {args.rows:,} finished rows never rolled", f"{never:,.0f} tasks/s"))
+    never = throughput(args.tasks, args.repeat)
+    figures.append((f"claim+complete, {args.rows:,} finished rows never rolled", rate(never)))
 
     print(f"- rolling {args.rows:,} rows")
     with override_settings(TASKFLOW=big):
@@ -170,8 +178,8 @@ def main() -> None:
     figures.append(
         (f"roll of {moved:,} rows (batch {args.roll_batch:,})", f"{seconds:.1f} s, {moved / seconds:,.0f} rows/s")
     )
-    rolled = throughput(args.tasks)
-    figures.append((f"claim+complete, {args.rows:,} finished rows rolled", f"{rolled:,.0f} tasks/s"))
+    rolled = throughput(args.tasks, args.repeat)
+    figures.append((f"claim+complete, {args.rows:,} finished rows rolled", rate(rolled)))
 
     print(f"- a day of {args.day_rows:,} rows: DELETE (as purge_finished) vs DROP TABLE")
     with override_settings(TASKFLOW=big):
@@ -191,8 +199,9 @@ def main() -> None:
     width = max(len(name) for name, _ in figures)
     for label, value in figures:
         print(f"{label:<{width}}  {value}")
-    print(f"rolled vs {args.small:,}: {100 * (rolled - base) / base:+.1f} % (target: within -10 %)")
-    print(f"never rolled vs {args.small:,}: {100 * (never - base) / base:+.1f} %")
+    for label, figure in (("rolled", rolled), ("never rolled", never)):
+        median, best = (100 * (figure[i] - base[i]) / base[i] for i in (0, 1))
+        print(f"{label} vs {args.small:,}: median {median:+.1f} %, best {best:+.1f} % (target: within -10 %)")
     with connection.cursor() as cursor:
         left = [t for t in connection.introspection.table_names(cursor) if t.startswith(sql.task_table() + "_")]
     print(f"history tables left: {left or 'none'}")
