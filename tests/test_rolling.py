@@ -304,3 +304,14 @@ def test_a_real_migration_operation_reaches_history_tables_through_post_migrate(
         rolling.sync_after_migrate(apps=before.apps)  # migrating back removes it again
     assert "note" not in columns()
     assert rolling.schema_drift() == []
+
+
+def test_a_table_rolling_did_not_make_is_never_written_into_and_the_command_says_so() -> None:
+    from django.core.management.base import CommandError
+
+    tasks = finished(2)
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {sql.quote(rolling.history_table(1))} (x integer)")
+    with pytest.raises(CommandError, match="exists but SchedulePos does not record it"):
+        call_command("taskroll")
+    assert all(where(t.id) == [sql.task_table()] for t in tasks) and not SchedulePos.objects.exists()

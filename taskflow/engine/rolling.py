@@ -245,12 +245,15 @@ def _current_table(now: datetime, result: RollResult, synced: set[int]) -> Sched
             newest = SchedulePos.objects.order_by("position").last()  # dropped ones too: never reuse a name
             position = newest.position + 1 if newest else 1
             with connection.cursor() as cursor:
-                if history_table(position) in connection.introspection.table_names(cursor):
-                    # Not made by rolling (a table is recorded before it is created): never write into it.
-                    raise RollError(
-                        f"{history_table(position)} exists but SchedulePos does not record it; "
-                        "rename or drop it (docs/rolling.md)"
-                    )
+                exists = history_table(position) in connection.introspection.table_names(cursor)
+            if exists:
+                if SchedulePos.objects.filter(position=position).exists():
+                    continue  # a concurrent roll started it since we looked
+                # Not made by rolling (a table is recorded before it is created): never write into it.
+                raise RollError(
+                    f"{history_table(position)} exists but SchedulePos does not record it; "
+                    "rename or drop it (docs/rolling.md)"
+                )
             try:
                 # Recorded before the table exists: a crash in between leaves a record sync_table completes.
                 current = SchedulePos.objects.create(position=position, started_at=now, updated_at=now)
