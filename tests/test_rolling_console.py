@@ -100,3 +100,15 @@ def test_history_needs_the_view_permission_and_a_dropped_task_is_not_found() -> 
     page = viewer.get(f"/admin/taskflow/task/{task.pk}/change/")
     assert page.status_code == 302  # the admin's "does not exist" redirect
     assert viewer.get(HISTORY).context["tasks"] == []
+
+
+def test_the_task_page_lists_other_versions_of_its_key_in_both_tables() -> None:
+    [v1] = rolled(1)  # key k0, version 0, in history
+    v2 = taskflow.enqueue(T, {}, key="k0", version=2)
+    viewer = staff("victor", "view_task")
+
+    hot_page = viewer.get(f"/admin/taskflow/task/{v2.pk}/change/")
+    history_page = viewer.get(f"/admin/taskflow/task/{v1.pk}/change/")
+
+    assert [(v.pk, v.version) for v in hot_page.context["other_versions"]] == [(v1.pk, 0)]
+    assert [(v.pk, v.version) for v in history_page.context["other_versions"]] == [(v2.pk, 2)]

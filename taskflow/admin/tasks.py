@@ -199,6 +199,10 @@ class TaskAdmin(ReadOnlyAdmin):
                 .order_by("-version")
                 .only("id", "version", "status", "created_at")[:OTHER_VERSIONS_SHOWN]
             )
+            # And those rolled into history (a key's versions may be in both).
+            rolled = rolling.versions_in_history(task.task_type, task.key, OTHER_VERSIONS_SHOWN + 1)
+            versions += [v for v in rolled if v.pk != task.pk]
+            versions = sorted(versions, key=lambda v: -v.version)[:OTHER_VERSIONS_SHOWN]
         events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("-at", "-id")[:EVENTS_SHOWN])
         return {
             "history_table": rolling.history_table(in_history) if in_history is not None else "",

@@ -458,6 +458,19 @@ def find_identity(task_type: str, key: str, version: int) -> Task | None:
     return None
 
 
+def versions_in_history(task_type: str, key: str, limit: int) -> list[Task]:
+    """The newest `limit` versions of one key that kept history tables hold (read-only copies)."""
+    for _ in range(RACE_RETRIES):
+        tables = {p.position: history_table(p.position) for p in kept()}
+        try:
+            with transaction.atomic():
+                return sql.versions_of_key(tables, task_type, key, limit)
+        except DatabaseError:
+            if all(_still_kept(p) for p in tables):
+                raise
+    return []
+
+
 def restore(task_ids: Iterable[int], now: datetime | None = None) -> int:
     """Move the tasks of `task_ids` that history holds back into the hot table; returns how many moved.
 

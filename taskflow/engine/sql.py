@@ -753,6 +753,21 @@ def find_identity(tables: dict[int, str], task_type: str, key: str, version: int
     return next(iter(Task.objects.raw(" UNION ALL ".join(parts), params)), None)
 
 
+def versions_of_key(tables: dict[int, str], task_type: str, key: str, limit: int) -> list[Task]:
+    """The newest `limit` versions of one key in `tables` ({position: table}), with `history_position`."""
+    qn = quote
+    columns = ", ".join(column(name) for name in ("id", "task_type", "key", "version", "status", "created_at"))
+    where = f"WHERE {qn('task_type')} = %s AND {qn('task_key')} = %s"
+    parts, params = [], []
+    for position, table in tables.items():
+        parts.append(f"SELECT {int(position)} AS {qn('history_position')}, {columns} FROM {qn(table)} {where}")
+        params += [task_type, key]
+    if not parts:
+        return []
+    sql = f"{' UNION ALL '.join(parts)} ORDER BY {qn('version')} DESC LIMIT %s"
+    return list(Task.objects.raw(sql, [*params, limit]))
+
+
 def page_of_tasks(
     table: str, columns: Sequence[str], *, task_type: str = "", status: str = "", before_id: int | None, limit: int
 ) -> list[Task]:
