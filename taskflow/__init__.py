@@ -1,6 +1,7 @@
 """taskflow: asynchronous work run from your own database, every task a row you can see and steer.
 
-Public API: `enqueue`, `enqueue_many`, `handler`; the operator operations `terminate`,
+Public API: `enqueue`, `enqueue_many`, `handler`, `get_task` (wherever the task lives now: the
+task table or a history table, see docs/rolling.md); the operator operations `terminate`,
 `retry_now`, `reschedule`, `set_priority` and `set_max_retries` (each returning an
 `OperationResult`); `periodic` (declare a periodic schedule in code); the handler signals
 `Snooze`, `PermanentFailure` and `NextStage` (also raised by TaskContext's snooze/fail/next_stage);
@@ -60,6 +61,7 @@ __all__ = [
     "UnknownTaskType",
     "enqueue",
     "enqueue_many",
+    "get_task",
     "handler",
     "periodic",
     "reschedule",
@@ -126,3 +128,10 @@ def enqueue_many(requests: Any) -> list[Task]:
     from .engine.enqueueing import enqueue_many as _enqueue_many
 
     return _enqueue_many(requests)
+
+
+def get_task(task_id: int) -> Task:
+    """The task with this id, from the task table or a kept history table; raises Task.DoesNotExist."""
+    from .engine.rolling import get_task as _get_task
+
+    return _get_task(task_id)

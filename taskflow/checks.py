@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error
+from django.core.checks import CheckMessage, Error, Warning
 
 from .conf import setting_problems
 
@@ -75,4 +75,25 @@ def _database_errors() -> list[CheckMessage]:
             hint="Set DATABASES['default']['OPTIONS']['transaction_mode'] = 'IMMEDIATE'.",
             id="taskflow.E008",
         )
+    ]
+
+
+HISTORY_ID = "taskflow.W010"
+
+
+def check_history_tables(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """History tables (table rolling) whose columns are not the task table's: `migrate` brings them in line."""
+    if not databases or "default" not in databases:
+        return []
+    from django.db import DatabaseError
+
+    from .engine.rolling import schema_drift
+
+    try:
+        problems = schema_drift()
+    except DatabaseError:  # not migrated yet: migrate's own checks say so
+        return []
+    return [
+        Warning(p, hint="Run `manage.py migrate`: it gives history tables the task table's columns.", id=HISTORY_ID)
+        for p in problems
     ]

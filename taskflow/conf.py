@@ -76,6 +76,14 @@ class TaskflowSettings:
     # Periodic schedules, {"<name>": {"task_type": ..., "cron": ... | "every": seconds, ...}}: see
     # docs/periodic.md. Each is checked by engine.periodic (cron, time zone, ...).
     PERIODIC: Mapping = field(default_factory=dict, hash=False, metadata={"schedules": True})
+    # Table rolling (docs/rolling.md). Off by default (ROLL_INTERVAL 0: the watcher never rolls;
+    # `manage.py taskroll` still does), because it creates and drops tables at run time.
+    ROLL_INTERVAL: float = _setting(0.0, 0, DAY)
+    ROLL_AFTER: int = _setting(86400, 0, MAX_INT)  # seconds after finishing that a task moves out
+    ROLL_MAX_ROWS: int = _setting(5_000_000, 1, 10**12)  # rows per history table, never more
+    ROLL_TABLE_SECONDS: float = _setting(DAY, 1, 366 * DAY)  # a history table older than this is full too
+    ROLL_RETENTION_DAYS: int = _setting(30, 1, 36500)  # a history table is dropped this long after its newest finish
+    ROLL_BATCH: int = _setting(1000, 1, 100_000)  # rows moved per transaction
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,13 @@ class Task(models.Model):
             ("hold_task", "Can hold tasks and report on them as a remote worker"),
         ]
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A task read from a history table (taskflow.get_task) is a read-only copy: saving it would
+        # insert a second row with its id into the hot table.
+        if getattr(self, "history_position", None) is not None:
+            raise ValueError(f"task {self.pk} lives in history table {self.history_position}: it is read-only")
+        super().save(*args, **kwargs)
+
     def __str__(self) -> str:
         ident = f" {self.key}@v{self.version}" if self.key else ""
         return f"{self.task_type}#{self.id}{ident} [{self.status}]"
@@ -277,18 +284,29 @@ class ScheduleCfg(models.Model):
 
 
 class SchedulePos(models.Model):
-    """Table-rolling positions of a task type: where claims read and where new tasks are written."""
+    """One numbered history table of the task table (`<task table>_<position>`), as rolling fills and drops it.
 
-    task_type = models.CharField(max_length=100, primary_key=True)
-    schedule_begin_pos = models.PositiveIntegerField(default=1)
-    schedule_end_pos = models.PositiveIntegerField(default=1)
-    updated_at = models.DateTimeField(auto_now=True)
+    The lowest position not dropped is the oldest table still kept; the highest is the one being
+    filled now. `min_id`..`max_id` bound the ids it holds, so a task id tells which tables to look
+    in (engine/rolling.py). Rows stay after their table is dropped, so positions are never reused.
+    """
+
+    position = models.PositiveIntegerField(primary_key=True)
+    started_at = models.DateTimeField()
+    row_count = models.BigIntegerField(default=0, help_text="rows the table holds now")
+    min_id = models.BigIntegerField(null=True, blank=True)
+    max_id = models.BigIntegerField(null=True, blank=True)
+    newest_finished_at = models.DateTimeField(null=True, blank=True, help_text="retention drops the table after this")
+    # Set before the table is dropped: from then on nothing reads or writes it.
+    dropped_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
 
     class Meta:
-        verbose_name = "schedule position"
+        verbose_name = "history table"
 
     def __str__(self) -> str:
-        return f"{self.task_type}: {self.schedule_begin_pos}..{self.schedule_end_pos}"
+        state = "dropped" if self.dropped_at else f"{self.row_count} rows"
+        return f"history table {self.position} ({state})"
 
 
 class Lock(models.Model):

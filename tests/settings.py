@@ -1,5 +1,6 @@
 """Test settings: the project's settings with the engine's timings shortened."""
 
+import json
 import os
 
 os.environ.setdefault("DJANGO_SECRET_KEY", "taskflow-tests-only")
@@ -22,6 +23,8 @@ TASKFLOW = {
     "WATCH_INTERVAL": 0.5,
     "LEADER_TTL": 2.0,
 }
+# Process tests hand their child processes extra TASKFLOW values (rolling's limits, say) as JSON.
+TASKFLOW.update(json.loads(os.environ.get("TASKFLOW_TEST_OVERRIDES", "{}")))
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Two queues, so the django.tasks backend's queue selection is exercised (tests/test_backend*.py).
 TASKS = {"default": {"BACKEND": "taskflow.backends.TaskflowBackend", "QUEUES": ["default", "other"]}}

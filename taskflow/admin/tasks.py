@@ -19,6 +19,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from ..engine import rolling
 from ..engine.dependencies import neighbours
 from ..engine.operations import applicable
 from ..engine.periodic import MANUAL_SUFFIX, schedule_of
@@ -35,6 +36,7 @@ from .filters import (
     WorkerFilter,
     known_types,
 )
+from .history import history_view
 from .listing import CappedChangeList, ReadOnlyAdmin
 
 # What the list reads of each row: never the JSON columns, which may hold a megabyte each.
@@ -139,10 +141,28 @@ class TaskAdmin(ReadOnlyAdmin):
             self.admin_site.admin_view(self.operate_view),
             name=f"{self.opts.app_label}_{self.opts.model_name}_operate",
         )
-        return [operate, *super().get_urls()]
+        history = path(
+            "history/",
+            self.admin_site.admin_view(self.history_view),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_history",
+        )
+        return [operate, history, *super().get_urls()]
 
     def operate_view(self, request: HttpRequest, action: str) -> HttpResponse:
         return operate_view(self, request, action)
+
+    def history_view(self, request: HttpRequest) -> HttpResponse:
+        return history_view(self, request)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Task | None:
+        """The task page's task, from the task table or, once rolled, from its history table (read-only)."""
+        task = super().get_object(request, object_id, from_field)
+        if task is None and from_field is None and object_id.isdigit() and int(object_id) <= MAX_BIGINT:
+            try:
+                task = rolling.get_task(int(object_id))
+            except Task.DoesNotExist:
+                return None
+        return task
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Task], search_term: str
@@ -167,8 +187,11 @@ class TaskAdmin(ReadOnlyAdmin):
     def task_page(self, request: HttpRequest, task: Task) -> dict[str, Any]:
         """What the task page shows besides its fields: actions, attempts, dependencies, other versions, history."""
         actions = []
+        in_history = getattr(task, "history_position", None)
         if self.has_operate_permission(request):
-            for name in applicable(task):
+            # A task in history is read-only; retrying it is the one action, and brings it back.
+            names = [n for n in applicable(task) if in_history is None or n == "retry_now"]
+            for name in names:
                 url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_operate", args=[name])
                 query = urlencode({"_selected_action": task.pk, "_from_task": 1, "select_across": 0})
                 actions.append({"name": name, "label": OPERATIONS[name].label, "url": f"{url}?{query}"})
@@ -180,9 +203,15 @@ class TaskAdmin(ReadOnlyAdmin):
                 .order_by("-version")
                 .only("id", "version", "status", "created_at")[:OTHER_VERSIONS_SHOWN]
             )
+            # And those rolled into history (a key's versions may be in both).
+            rolled = rolling.versions_in_history(task.task_type, task.key, OTHER_VERSIONS_SHOWN + 1)
+            versions += [v for v in rolled if v.pk != task.pk]
+            versions = sorted(versions, key=lambda v: -v.version)[:OTHER_VERSIONS_SHOWN]
         events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("-at", "-id")[:EVENTS_SHOWN])
         return {
             **periodic_context(task),
+            "history_table": rolling.history_table(in_history) if in_history is not None else "",
+            "history_url": reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_history"),
             "task_actions": actions,
             "attempts_log": attempts_log(task),
             **neighbours(task.pk, limit=NEIGHBOURS_SHOWN),

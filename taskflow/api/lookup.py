@@ -1,9 +1,10 @@
-"""Finding one task by the id in a URL: the one place the API loads a single task."""
+"""Finding one task by the id in a URL: the one place the API loads a single task (history tables too)."""
 
 from __future__ import annotations
 
 from rest_framework.exceptions import NotFound
 
+from ..engine.rolling import get_task
 from ..models import Task
 
 MAX_TASK_ID = 2**63 - 1
@@ -23,6 +24,6 @@ def load_task(task_id: object) -> Task:
     if parsed is None:
         raise NotFound(f"no task {task_id!s:.40}: task ids are decimal strings")
     try:
-        return Task.objects.get(pk=parsed)
+        return get_task(parsed)  # wherever it lives: the task table or a history table
     except Task.DoesNotExist:
         raise NotFound(f"no task {parsed}") from None

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from types import SimpleNamespace
 
 from ..exceptions import InvalidTask
-from ..models import ScheduleCfg
-from . import sql
+from ..models import ScheduleCfg, Task
+from . import rolling, sql
 from .enqueueing import EXISTING, enqueue
 from .validation import MAX_INT, TASK_TYPE_RE, validate_key, validate_non_negative_int
 
@@ -67,7 +67,14 @@ def known_module_paths() -> list[str]:
 def read_task(task_id: int) -> SimpleNamespace | None:
     """What a django.tasks result shows of the task with this id (sql.OUTCOME_COLUMNS as attributes), if any."""
     row = sql.read_outcome(sql.task_table(), task_id)
-    return None if row is None else SimpleNamespace(**row)
+    if row is None:
+        # Rolled into a history table (rare, and off the hot path): read it through the ORM there.
+        try:
+            task = rolling.get_task(task_id)
+        except Task.DoesNotExist:
+            return None
+        row = {name: getattr(task, name) for name in sql.OUTCOME_COLUMNS}
+    return SimpleNamespace(**row)
 
 
 def worker_task_types(module_paths: Iterable[str], queues: Iterable[str]) -> list[str]:

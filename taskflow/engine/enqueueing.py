@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask, StaleVersion
 from ..models import Status, Task
-from . import dependencies, ids, sql, wakeup
+from . import dependencies, ids, rolling, sql, wakeup
 from .configs import configs
 from .transitions import order_time
 from .validation import (
@@ -246,7 +246,10 @@ def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) ->
     if spec.version < newest:
         raise StaleVersion(spec.task_type, spec.key, spec.version, newest)
 
-    existing = sql.find_task(table, spec.task_type, spec.key, spec.version)
+    existing, rolled = sql.find_task_noting_history(table, spec.task_type, spec.key, spec.version)
+    if existing is None and rolled:
+        # An identity spans the task table and the history tables it rolled into.
+        existing = _from_history(spec, now)
     if existing is None:
         task = _insert_new(table, spec, aging, now, task_id)
     elif existing.status in (Status.FAILED, Status.STOPPED):
@@ -259,6 +262,16 @@ def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) ->
     if sql.supersede_older_versions(table, spec.task_type, spec.key, spec.version, now):
         task.superseded_older = True  # type: ignore[attr-defined]  (their dependents are released after commit)
     return task
+
+
+def _from_history(spec: TaskSpec, now: datetime) -> Task | None:
+    """The task of this identity if it was rolled into history; a failed or stopped one is brought back to replace."""
+    assert spec.key is not None
+    found = rolling.find_identity(spec.task_type, spec.key, spec.version)
+    if found is None or found.status not in (Status.FAILED, Status.STOPPED):
+        return found  # a success stays where it is: it is only returned
+    rolling.restore([found.id], now)
+    return sql.find_task(sql.task_table(), spec.task_type, spec.key, spec.version)
 
 
 def _insert_new(table: str, spec: TaskSpec, aging: float, now: datetime, task_id: int) -> Task:
@@ -298,7 +311,13 @@ def _replace(existing: Task, spec: TaskSpec, aging: float, now: datetime) -> Tas
     }
     # Guarded: only a task still failed/stopped is replaced.
     updated = Task.objects.filter(pk=existing.pk, status__in=[Status.FAILED, Status.STOPPED]).update(**changes)
-    task = Task.objects.get(pk=existing.pk)
+    task = Task.objects.filter(pk=existing.pk).first()
+    if task is None:
+        # A roll moved it into history after we read it (the identity lock does not stop rolls):
+        # bring it back and replace it there.
+        rolling.restore([existing.pk], now)
+        updated = Task.objects.filter(pk=existing.pk, status__in=[Status.FAILED, Status.STOPPED]).update(**changes)
+        task = Task.objects.get(pk=existing.pk)
     task.enqueue_outcome = REPLACED if updated else EXISTING  # type: ignore[attr-defined]
     return task
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask, TaskStopped, class_path
 from ..models import ScheduleCfg, Status, Task, TaskEvent, TaskKey
-from . import dependencies, sql, wakeup
+from . import dependencies, rolling, sql, wakeup
 from .attempts import ClaimedTask, Outcome, Report
 from .configs import configs
 from .finishing import finish_attempts
@@ -94,7 +94,8 @@ def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
 
     The schedule log is kept. A superseded version (a newer one of its key exists) is not retried,
     nor a task with a dependency that has not succeeded (retry that first); a task waiting for
-    its dependencies keeps waiting (reschedule moves the time it runs once released).
+    its dependencies keeps waiting (reschedule moves the time it runs once released). A task
+    rolled into a history table is moved back into the task table and retried there.
     """
 
     def rule(row: dict[str, Any], batch: _Batch) -> Decision:
@@ -112,7 +113,7 @@ def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
             return {**batch.revived(row, "retried"), **batch.due_at(row, batch.now)}
         return "running" if row["status"] == Status.PROCESSING else "succeeded"
 
-    return _operate("retry_now", selection, rule, by=by, reason=reason, dry_run=dry_run)
+    return _operate("retry_now", selection, rule, by=by, reason=reason, dry_run=dry_run, from_history=True)
 
 
 def reschedule(
@@ -275,6 +276,7 @@ def _operate(
     reason: str,
     dry_run: bool,
     now: datetime | None = None,
+    from_history: bool = False,
 ) -> OperationResult:
     actor = actor_name(by)
     if not isinstance(reason, str):
@@ -287,6 +289,10 @@ def _operate(
         batch_now = now or timezone.now()
         if dry_run:
             rows = list(Task.objects.filter(id__in=batch_ids).values(*_COLUMNS))
+            if from_history and len(rows) < len(batch_ids):
+                found = {row["id"] for row in rows}
+                missing = [i for i in batch_ids if i not in found]
+                rows += [{name: getattr(t, name) for name in _COLUMNS} for t in rolling.history_tasks(missing)]
             skipped["not found"] += len(batch_ids) - len(rows)
             batch = _Batch(rows, actor, reason, batch_now)
             for row in rows:
@@ -296,7 +302,9 @@ def _operate(
                 else:
                     result.changed += 1
             continue
-        changed, batch_skipped, missing = _apply_batch(action, batch_ids, rule, actor, reason, batch_now)
+        changed, batch_skipped, missing = _apply_batch(
+            action, batch_ids, rule, actor, reason, batch_now, from_history=from_history
+        )
         result.changed += changed
         skipped.update(batch_skipped)
         skipped["not found"] += missing
@@ -305,14 +313,22 @@ def _operate(
 
 
 def _apply_batch(
-    action: str, ids: list[int], rule: Rule, actor: str, reason: str, now: datetime
+    action: str, ids: list[int], rule: Rule, actor: str, reason: str, now: datetime, *, from_history: bool = False
 ) -> tuple[int, Counter[str], int]:
-    """Decide and write one batch in one transaction; returns (changed, skipped by reason, ids not found)."""
+    """Decide and write one batch in one transaction; returns (changed, skipped by reason, ids not found).
+
+    With `from_history`, tasks of the batch found in history tables are first moved back into the
+    task table, in the same transaction.
+    """
     skipped: Counter[str] = Counter()
     table = sql.task_table()
     due_types: set[str] = set()
     with transaction.atomic():
         rows = list(Task.objects.filter(id__in=ids).values(*_COLUMNS))
+        if from_history and len(rows) < len(ids):
+            found = {row["id"] for row in rows}
+            if rolling.restore([i for i in ids if i not in found], now):
+                rows = list(Task.objects.filter(id__in=ids).values(*_COLUMNS))
         batch = _Batch(rows, actor, reason, now)
         writes: dict[int, dict[str, Any]] = {}
         expected: dict[int, str] = {}

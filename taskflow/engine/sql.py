@@ -23,7 +23,7 @@ from django.db.models import DateTimeField
 from django.db.models.expressions import RawSQL
 from django.utils.dateparse import parse_datetime
 
-from ..models import Status, Task, TaskKey, WorkerProcess
+from ..models import SchedulePos, Status, Task, TaskKey, WorkerProcess
 
 Adapter = Callable[[Any], Any]
 INSERT_BATCH = 1000  # rows per multi-row INSERT
@@ -380,6 +380,25 @@ def find_task(table: str, task_type: str, key: str, version: int) -> Task | None
     return next(iter(Task.objects.raw(sql, [task_type, key, version])), None)
 
 
+def find_task_noting_history(table: str, task_type: str, key: str, version: int) -> tuple[Task | None, bool]:
+    """The task of one identity in `table`, if any, and whether history tables are kept: one statement.
+
+    A keyed enqueue that misses the task table must look in history (rolling.find_identity); the
+    count of kept tables rides along so that deployments that never rolled pay no extra round trip.
+    """
+    qn = quote
+    positions = qn(SchedulePos._meta.db_table)
+    kept = f"(SELECT COUNT(*) AS {qn('history_tables')} FROM {positions} WHERE {qn('dropped_at')} IS NULL) h"
+    columns = ", ".join(f"t.{qn(f.column)}" for f in Task._meta.concrete_fields)
+    sql = (
+        f"SELECT h.{qn('history_tables')}, {columns} FROM {kept} LEFT JOIN {qn(table)} t "
+        f"ON t.{qn('task_type')} = %s AND t.{qn('task_key')} = %s AND t.{qn('version')} = %s"
+    )
+    rows = list(Task.objects.raw(sql, [task_type, key, version]))
+    found = next((task for task in rows if task.pk is not None), None)
+    return found, bool(rows and rows[0].history_tables)
+
+
 def supersede_older_versions(table: str, task_type: str, key: str, version: int, now: datetime) -> int:
     """Mark every live older version of a key as superseded by `version`; pending and waiting ones stop now.
 
@@ -688,3 +707,125 @@ def is_lock_conflict(exc: BaseException) -> bool:
     if connection.vendor == "postgresql":
         return getattr(exc.__cause__, "sqlstate", None) in _POSTGRES_LOCK_CONFLICTS
     return "is locked" in str(exc)  # SQLite: "database is locked", "database table is locked"
+
+
+# -- rolling: moving rows between the hot table and history tables ---------------------------------------
+
+FINISHED_STATUSES = (Status.SUCCESS.value, Status.FAILED.value, Status.STOPPED.value)
+
+
+def _all_columns() -> str:
+    return ", ".join(quote(f.column) for f in Task._meta.concrete_fields)
+
+
+def _in(ids: Sequence[int]) -> str:
+    return f"{quote('id')} IN ({', '.join(['%s'] * len(ids))})"
+
+
+def lock_rollable(table: str, cutoff: datetime, limit: int) -> list[tuple[int, datetime]]:
+    """Lock up to `limit` finished tasks that finished before `cutoff`, skipping locked rows: (id, finished_at).
+
+    One statement per finished status, so each reads a prefix of the (status, finished_at) index.
+    """
+    qn = quote
+    lock = ""
+    if connection.features.has_select_for_update:
+        lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else " FOR UPDATE"
+    sql = (
+        f"SELECT {qn('id')}, {qn('finished_at')} FROM {qn(table)} "
+        f"WHERE {qn('status')} = %s AND {qn('finished_at')} < %s LIMIT %s{lock}"
+    )
+    to_datetime = datetime_from_db()
+    out: list[tuple[int, datetime]] = []
+    with connection.cursor() as cursor:
+        for status in FINISHED_STATUSES:
+            if len(out) >= limit:
+                break
+            cursor.execute(sql, [status, datetime_to_db(cutoff), limit - len(out)])
+            for task_id, at in cursor.fetchall():
+                at = to_datetime(at)
+                out.append((task_id, at if at.tzinfo else at.replace(tzinfo=UTC)))  # SQLite may hand back naive UTC
+    return out
+
+
+def count_rollable(table: str, cutoff: datetime) -> int:
+    """How many finished tasks finished before `cutoff`."""
+    qn = quote
+    sql = f"SELECT COUNT(*) FROM {qn(table)} WHERE {qn('status')} IN (%s, %s, %s) AND {qn('finished_at')} < %s"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*FINISHED_STATUSES, datetime_to_db(cutoff)])
+        return cursor.fetchone()[0]
+
+
+def copy_tasks(source: str, target: str, ids: Sequence[int]) -> int:
+    """Copy the rows of `ids` from one task table to another (same columns, by name); returns the rows copied."""
+    columns = _all_columns()
+    sql = f"INSERT INTO {quote(target)} ({columns}) SELECT {columns} FROM {quote(source)} WHERE {_in(ids)}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, list(ids))
+        return cursor.rowcount
+
+
+def delete_tasks(table: str, ids: Sequence[int]) -> int:
+    """Delete the rows of `ids` from a task table; returns the rows deleted."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {quote(table)} WHERE {_in(ids)}", list(ids))
+        return cursor.rowcount
+
+
+def read_tasks(table: str, ids: Sequence[int]) -> list[Task]:
+    """The tasks of `ids` that a task table holds, as (unsaved-looking) Task objects."""
+    sql = f"SELECT {_all_columns()} FROM {quote(table)} WHERE {_in(ids)}"
+    return list(Task.objects.raw(sql, list(ids)))
+
+
+def find_identity(tables: dict[int, str], task_type: str, key: str, version: int) -> Task | None:
+    """The task of one identity in any of `tables` ({position: table}), one UNION ALL of index lookups.
+
+    The task found carries `history_position`, the position of the table it was found in.
+    """
+    qn = quote
+    where = f"WHERE {qn('task_type')} = %s AND {qn('task_key')} = %s AND {qn('version')} = %s"
+    parts, params = [], []
+    for position, table in tables.items():
+        parts.append(f"SELECT {int(position)} AS {qn('history_position')}, {_all_columns()} FROM {qn(table)} {where}")
+        params += [task_type, key, version]
+    if not parts:
+        return None
+    return next(iter(Task.objects.raw(" UNION ALL ".join(parts), params)), None)
+
+
+def versions_of_key(tables: dict[int, str], task_type: str, key: str, limit: int) -> list[Task]:
+    """The newest `limit` versions of one key in `tables` ({position: table}), with `history_position`."""
+    qn = quote
+    columns = ", ".join(column(name) for name in ("id", "task_type", "key", "version", "status", "created_at"))
+    where = f"WHERE {qn('task_type')} = %s AND {qn('task_key')} = %s"
+    parts, params = [], []
+    for position, table in tables.items():
+        parts.append(f"SELECT {int(position)} AS {qn('history_position')}, {columns} FROM {qn(table)} {where}")
+        params += [task_type, key]
+    if not parts:
+        return []
+    sql = f"{' UNION ALL '.join(parts)} ORDER BY {qn('version')} DESC LIMIT %s"
+    return list(Task.objects.raw(sql, [*params, limit]))
+
+
+def page_of_tasks(
+    table: str, columns: Sequence[str], *, task_type: str = "", status: str = "", before_id: int | None, limit: int
+) -> list[Task]:
+    """Up to `limit` tasks of a task table, newest id first, below `before_id`, optionally of one type and status."""
+    qn = quote
+    conditions, params = [], []
+    if task_type:
+        conditions.append(f"{qn('task_type')} = %s")
+        params.append(task_type)
+    if status:
+        conditions.append(f"{qn('status')} = %s")
+        params.append(status)
+    if before_id is not None:
+        conditions.append(f"{qn('id')} < %s")
+        params.append(before_id)
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    selected = ", ".join(column(name) for name in columns)
+    sql = f"SELECT {selected} FROM {qn(table)}{where} ORDER BY {qn('id')} DESC LIMIT %s"
+    return list(Task.objects.raw(sql, [*params, limit]))

@@ -20,6 +20,7 @@ from ..engine import limiter, periodic
 from ..engine.dependencies import repair_waiting
 from ..engine.expiry import expire_successes, fail_stale_pending, purge_finished
 from ..engine.rescue import rescue_dead_workers, rescue_expired_attempts
+from ..engine.rolling import roll_when_due
 from ..engine.stats import refresh as refresh_stats
 from ..engine.workers import reap_dead_worker_rows
 from . import connections
@@ -40,6 +41,7 @@ DUTIES: tuple[tuple[str, Duty], ...] = (
     ("fail_stale_pending", fail_stale_pending),
     ("expire_successes", expire_successes),
     ("purge_finished", purge_finished),
+    ("roll_tables", roll_when_due),
     ("reap_dead_worker_rows", reap_dead_worker_rows),
     ("refresh_stats", refresh_stats),
 )

@@ -16,7 +16,10 @@ def positive_float(value: str) -> float:
 
 
 class Command(BaseCommand):
-    help = "Run taskwatch: rescue lost attempts, time out, expire and purge tasks; one process acts at a time."
+    help = (
+        "Run taskwatch: rescue lost attempts, time out, expire and purge tasks, roll tables (if ROLL_INTERVAL); "
+        "one process acts at a time."
+    )
 
     def add_arguments(self, parser) -> None:  # noqa: ANN001
         parser.add_argument(
