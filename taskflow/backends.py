@@ -53,6 +53,8 @@ class TaskflowTask(Task):
     timeout: int | None = None  # seconds per attempt; None: the type's max_processing_time
     key: str | None = None  # identity for idempotent enqueue (see with_key)
     version: int = 0
+    depends_on: tuple[str, ...] = ()  # task ids this one waits for (see after)
+    on_dependency_failure: str = "stop"
 
     def __post_init__(self) -> None:
         # Explicit base call: a slots dataclass is a new class, which zero-argument super() misses.
@@ -62,6 +64,14 @@ class TaskflowTask(Task):
     def with_key(self, key: str, version: int = 0) -> TaskflowTask:
         """A copy whose enqueue uses this identity: an unfinished task with it is returned, not duplicated."""
         return replace(self, key=key, version=version)
+
+    def after(self, *results: TaskResult | str | int, on_failure: str = "stop") -> TaskflowTask:
+        """A copy whose enqueue waits until these tasks (results or ids) have succeeded; see docs/dependencies.md.
+
+        If one fails or is stopped the new task is stopped too, or runs anyway with `on_failure="run"`.
+        """
+        ids = tuple(str(r.id) if isinstance(r, TaskResult) else str(r) for r in results)
+        return replace(self, depends_on=ids, on_dependency_failure=on_failure)
 
 
 class TaskflowBackend(BaseTaskBackend):
@@ -119,6 +129,8 @@ class TaskflowBackend(BaseTaskBackend):
                 timeout=getattr(task, "timeout", None),
                 key=getattr(task, "key", None),
                 version=getattr(task, "version", 0),
+                depends_on=getattr(task, "depends_on", ()),
+                on_dependency_failure=getattr(task, "on_dependency_failure", "stop"),
             )
         except exceptions.InvalidTask as exc:  # e.g. arguments too large to store; nothing was written
             raise InvalidTask(str(exc)) from None

@@ -468,3 +468,27 @@ def test_the_written_out_task_representation_is_what_drf_would_write() -> None:
 def test_stats_without_the_stats_module_is_a_json_404(producer: Api) -> None:
     status, body = producer.get("/api/stats/")
     assert (status, error_of(body)) == (404, "not_found")
+
+
+def test_create_with_depends_on_waits_for_its_dependencies_and_refuses_unknown_ones(producer: Api) -> None:
+    first = taskflow.enqueue(T, {"n": 1})
+    status, body = producer.post(
+        "/api/tasks/", {"task_type": T, "depends_on": [str(first.id)], "on_dependency_failure": "run"}
+    )
+    assert status == 201 and body["status"] == "waiting"
+
+    status, body = producer.post("/api/tasks/bulk/", {"tasks": [{"task_type": T, "depends_on": [str(first.id)]}]})
+    assert status == 200, body
+    assert body["results"][0]["task"]["status"] == "waiting"
+
+    before = Task.objects.count()
+    unknown = str(first.id + 1)
+    for bad, field in (
+        ({"depends_on": [unknown]}, "depends_on"),
+        ({"depends_on": [first.id]}, "depends_on"),  # ids are strings in JSON
+        ({"depends_on": str(first.id)}, "depends_on"),
+        ({"depends_on": [str(first.id)], "on_dependency_failure": "ignore"}, "on_dependency_failure"),
+    ):
+        status, body = producer.post("/api/tasks/", {"task_type": T, **bad})
+        assert status == 400 and error_of(body) == "invalid" and field in "".join(body["fields"]), body
+    assert Task.objects.count() == before

@@ -279,6 +279,23 @@ def test_with_key_enqueues_once_per_identity() -> None:
     assert row(first).status == Status.STOPPED  # superseded by the newer version
 
 
+@pytest.mark.django_db(transaction=True)  # the release runs after the terminate commits
+def test_after_makes_a_task_wait_for_others_and_follow_their_failure_or_run_anyway() -> None:
+    first = djtasks.echo.enqueue(1)
+    waits = djtasks.echo.after(first).enqueue(2)
+    runs_anyway = djtasks.echo.after(first.id, on_failure="run").enqueue(3)
+    assert waits.status == TaskResultStatus.READY and row(waits).status == Status.WAITING
+    assert row(runs_anyway).status == Status.WAITING
+
+    taskflow.terminate([int(first.id)], by="test", reason="not needed")
+    waits.refresh()
+    assert waits.status == TaskResultStatus.FAILED and first.id in row(waits).status_msg
+    assert row(runs_anyway).status == Status.PENDING
+    with pytest.raises(InvalidTask):
+        djtasks.echo.after("12345").enqueue(4)  # no such task: nothing is written
+    assert TaskRow.objects.count() == 3
+
+
 def test_a_rolled_back_transaction_leaves_no_task_and_sends_no_signal(transactional_db) -> None:  # noqa: ANN001
     sent = []
 

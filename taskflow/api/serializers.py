@@ -18,7 +18,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..engine import remote, validation
+from ..engine import dependencies, remote, validation
 from ..exceptions import MAX_DELAY, MAX_REASON, MAX_STAGE, InvalidTask
 from ..models import ScheduleCfg, Task
 from .lookup import parse_task_id
@@ -293,6 +293,11 @@ class CreateTaskSerializer(StrictSerializer):
     context = JsonValue(required=False, default=dict)
     trace_id = StrictText(required=False, max_length=32)
     retry_same_host = _count(required=False)
+    # The task waits until these have succeeded (docs/dependencies.md); the engine checks they exist.
+    depends_on = serializers.ListField(
+        child=TaskIdField(), required=False, max_length=dependencies.MAX_DEPENDENCIES
+    )
+    on_dependency_failure = serializers.ChoiceField(choices=dependencies.ON_FAILURE, required=False)
 
 
 class BulkCreateSerializer(StrictSerializer):
