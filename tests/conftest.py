@@ -13,7 +13,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.db import connection
+from django.test import Client
 
 from taskflow.engine.configs import configs
 from taskflow.engine.redis import get_redis
@@ -152,3 +154,12 @@ def start_worker(transactional_db, run_log: Path, monkeypatch: pytest.MonkeyPatc
         worker.request_stop()
         thread.join(timeout=30)
         assert not thread.is_alive(), "worker did not stop within 30s"
+
+
+def staff(name: str, *codenames: str) -> Client:
+    """A logged-in staff member holding exactly these taskflow permissions (the console's tests)."""
+    user = User.objects.create_user(name, password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="taskflow", codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client

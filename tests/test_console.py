@@ -8,7 +8,7 @@ from html import unescape
 from urllib.parse import urlencode
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -22,6 +22,7 @@ from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
 from taskflow.engine.finishing import finish_attempts
 from taskflow.models import ScheduleCfg, Status, Task, TaskEvent
+from tests.conftest import staff
 
 pytestmark = pytest.mark.django_db
 
@@ -31,13 +32,6 @@ LIST = "/admin/taskflow/task/"
 OPERATOR_PERMS = ["view_task", "operate_task", "view_taskevent", "view_schedulecfg", "view_workerprocess"]
 
 
-def staff(name: str, *codenames: str) -> Client:
-    """A logged-in staff member holding exactly these taskflow permissions."""
-    user = User.objects.create_user(name, password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="taskflow", codename__in=codenames))
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from datetime import timedelta
 from html import unescape
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -16,6 +16,7 @@ from django.utils import timezone
 import taskflow
 from taskflow.engine import stats
 from taskflow.models import ScheduleCfg, Status, Task, TaskStats
+from tests.conftest import staff
 
 pytestmark = pytest.mark.django_db
 
@@ -24,12 +25,6 @@ A = "test.noop"
 B = "test.record"
 
 
-def staff(name: str, *codenames: str) -> Client:
-    user = User.objects.create_user(name, password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="taskflow", codename__in=codenames))
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

@@ -5,14 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.db import connection
-from django.test import Client
 from django.utils import timezone
 
 import taskflow
 from taskflow.engine import rolling, sql
 from taskflow.models import Status, Task
+from tests.conftest import staff
 
 pytestmark = pytest.mark.django_db(transaction=True)
 T = "test.noop"
@@ -28,12 +27,6 @@ def _no_history_tables() -> None:
                 cursor.execute(f"DROP TABLE {sql.quote(table)}")
 
 
-def staff(name: str, *codenames: str) -> Client:
-    user = User.objects.create_user(name, password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="taskflow", codename__in=codenames))
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def rolled(count: int, status: str = Status.SUCCESS) -> list[Task]:
