@@ -119,8 +119,9 @@ def measure_drain(
     timeout: float,
 ) -> dict[str, float]:
     """Enqueue `n` tasks, start `workers` remote workers, time until every task succeeded."""
-    import taskflow
     from django.db.models import Max, Min
+
+    import taskflow
     from taskflow.models import Status, Task
 
     database.reset_tables()
