@@ -252,7 +252,7 @@ class HttpChannel:
     def _send(self, checkpoint: Any) -> datetime:
         lost = LeaseLost(f"task {self.attempt.id} attempt {self.attempt.attempt} no longer holds its lease")
         if checkpoint is ...:
-            [result] = self.client.batch("tasks/heartbeat/", [self.attempt.fence], worker_id=self.worker_id)
+            [result] = self.client.batch("tasks/heartbeat/", [self.attempt.fence])
             if result.get("outcome") != "applied":
                 self.attempt.stop_requested.set()
                 raise lost
@@ -479,16 +479,24 @@ class RemoteWorker:
             self._wake.set()
 
     def _execute(self, attempt: RemoteAttempt) -> RemoteReport:
-        """Run the handler; whatever it does or raises becomes the attempt's report."""
+        """Run the handler and time it; whatever it does or raises becomes the attempt's report."""
+        started = time.perf_counter()
+        report = self._run_handler(attempt)
+        if report.item is not None:
+            report.item["cost_ms"] = int((time.perf_counter() - started) * 1000)
+        return report
+
+    def _run_handler(self, attempt: RemoteAttempt) -> RemoteReport:
         ctx = TaskContext(attempt, HttpChannel(self.client, attempt, worker_id=self.worker_id))
         try:
             result = registry.get_handler(attempt.task_type)(ctx)
             _json_text("result", result)
             item: dict[str, Any] = {**attempt.fence, "status": "success", "result": result}
         except Snooze as signal:
-            item = {**attempt.fence, "snooze": signal.delay}
+            # A worker's "pending" is a snooze: back after `delay`, the attempt not counted.
+            item = {**attempt.fence, "status": "pending", "delay": signal.delay}
             if signal.reason:
-                item["reason"] = signal.reason
+                item["error"] = signal.reason
         except PermanentFailure as signal:
             item = failure_item(attempt, signal.reason, retry=False)
         except NextStage as signal:
