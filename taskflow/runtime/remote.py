@@ -605,10 +605,12 @@ class RemoteWorker:
                 self._reports[index] = RemoteReport(report.attempt, replacement, report.tries)
             self._reports_ready.set()
             return
-        if report.tries > 1:
-            log.info("task %s: a retried report was refused (%s): already applied or fenced", report.attempt.id, error)
+        if error != "lease_lost":
+            log.error("task %s: its failure report was refused too (%s): dropped", report.attempt.id, _detail(result))
+        elif report.tries > 1:
+            log.info("task %s: a retried report was refused (lease_lost): applied before, or fenced", report.attempt.id)
         else:
-            log.warning("task %s: report refused (%s): the attempt was taken away", report.attempt.id, error)
+            log.warning("task %s: report refused (lease_lost): the attempt was taken away", report.attempt.id)
         self._settle(report, applied=False)
 
     def _settle(self, report: RemoteReport, *, applied: bool) -> None:
