@@ -1,4 +1,4 @@
-"""URLs of the example project: its pages at the site root (demo/urls.py), the admin console at /admin/."""
+"""URLs of the example project: its pages at the site root (demo/urls.py), the console at /admin/, the API at /api/."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -6,4 +6,5 @@ from django.urls import include, path
 urlpatterns = [
     path("", include("demo.urls")),
     path("admin/", admin.site.urls),
+    path("api/", include("taskflow.api.urls")),
 ]

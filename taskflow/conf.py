@@ -42,6 +42,8 @@ class TaskflowSettings:
     REDIS_NAMESPACE: str | None = _setting(None, pattern=REDIS_NAMESPACE_RE)
     # The largest payload, context, checkpoint or result, as JSON text.
     MAX_PAYLOAD_BYTES: int = _setting(1024 * 1024, 1024, 256 * 1024 * 1024)
+    # The largest HTTP request body the API reads (larger ones are answered 413 unread).
+    MAX_REQUEST_BYTES: int = _setting(8 * 1024 * 1024, 1024, 1024 * 1024 * 1024)
 
     # Defaults for a task type's ScheduleCfg row when it is first created (the row's fields have
     # the same ranges: see ScheduleCfg).

@@ -109,7 +109,10 @@ class Task(models.Model):
             models.Index(fields=["trace_id"], name="taskflow_trace_idx"),
             models.Index(fields=["user_id"], name="taskflow_user_idx"),
         ]
-        permissions = [("operate_task", "Can stop, retry, reschedule and re-prioritise tasks")]
+        permissions = [
+            ("operate_task", "Can stop, retry, reschedule and re-prioritise tasks"),
+            ("hold_task", "Can hold tasks and report on them as a remote worker"),
+        ]
 
     def __str__(self) -> str:
         ident = f" {self.key}@v{self.version}" if self.key else ""

@@ -1,0 +1,58 @@
+"""Who may call what: one Django permission per kind of caller, checked on authenticated users only.
+
+Producers need `taskflow.add_task`, remote workers `taskflow.hold_task`, operators
+`taskflow.operate_task`, readers `taskflow.view_task`; schedule configs are read with
+`view_schedulecfg` and edited with `change_schedulecfg`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.exceptions import NotAuthenticated, PermissionDenied
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+ADD = "taskflow.add_task"
+HOLD = "taskflow.hold_task"
+OPERATE = "taskflow.operate_task"
+VIEW = "taskflow.view_task"
+VIEW_CONFIG = "taskflow.view_schedulecfg"
+CHANGE_CONFIG = "taskflow.change_schedulecfg"
+
+
+def require(request: Request, permission: str) -> None:
+    """Raise 401 for an anonymous caller, 403 for one without `permission`."""
+    user = request.user
+    if not (user and user.is_authenticated):
+        raise NotAuthenticated()
+    if not user.has_perm(permission):
+        raise PermissionDenied(f"this needs the {permission} permission")
+
+
+class Needs(BasePermission):
+    """A permission class per HTTP method: `Needs.on(GET=VIEW, PATCH=CHANGE_CONFIG)`."""
+
+    by_method: dict[str, str] = {}
+
+    @classmethod
+    def on(cls, **by_method: str) -> type[Needs]:
+        return type("Needs", (cls,), {"by_method": by_method})
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        permission = self.by_method.get(request.method or "")
+        user = request.user
+        if not (user and user.is_authenticated):
+            raise NotAuthenticated()
+        if permission is not None and not user.has_perm(permission):
+            raise PermissionDenied(f"this needs the {permission} permission")
+        return True
+
+
+class LoggedIn(BasePermission):
+    """Any authenticated user (the schema and its documentation)."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            raise NotAuthenticated()
+        return True

@@ -1,0 +1,431 @@
+"""What the API accepts and answers: strict JSON types, every value checked by the engine's own rules.
+
+Fields take exactly their JSON type (no "5" for 5, no 1 for true), unknown fields are refused, and
+each value is checked with the engine's validators, so an invalid value is a 400 naming its field
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from ..engine import remote, validation
+from ..exceptions import MAX_DELAY, MAX_REASON, MAX_STAGE, InvalidTask
+from ..models import ScheduleCfg, Task
+from .lookup import parse_task_id
+
+MAX_BULK = 1000
+MAX_BATCH = 1000
+# A due time a database stores everywhere, with room for the priority shift of order_time.
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def engine_rule(check: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
+    """A field validator running one of the engine's checks; its InvalidTask becomes the field's error."""
+
+    def validate(value: Any) -> Any:
+        try:
+            return check(*args, value)
+        except InvalidTask as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    return validate
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, and a body that is not a JSON object."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class StrictInteger(serializers.IntegerField):
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictNumber(serializers.FloatField):
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        try:
+            value = float(data)
+        except OverflowError:
+            self.fail("invalid")
+        if not math.isfinite(value):
+            self.fail("invalid")
+        return super().to_internal_value(value)
+
+
+class StrictText(serializers.CharField):
+    default_error_messages = {"not_text": "Must be a string."}
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_blank", True)
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("not_text")
+        text = super().to_internal_value(data)
+        try:
+            return validation.validate_short_text(self.field_name, text, self.max_length or 10**6)
+        except InvalidTask as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+class TaskTypeField(StrictText):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=100, allow_blank=False, **kwargs)
+        self.validators.append(engine_rule(validation.validate_task_type))
+
+
+class StrictBoolean(serializers.BooleanField):
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+@extend_schema_field(OpenApiTypes.ANY)
+class JsonValue(serializers.JSONField):
+    """Any JSON value the database can store under TASKFLOW["MAX_PAYLOAD_BYTES"] (checked with the field's name)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        engine_rule(validation.json_text, self.field_name)(data)
+        return data
+
+
+@extend_schema_field({"type": "string", "pattern": r"^[1-9][0-9]{0,18}$", "example": "7281947120394240"})
+class TaskIdField(serializers.Field):
+    """A task id: a decimal string in JSON (64-bit ids do not survive JavaScript numbers)."""
+
+    default_error_messages = {"invalid": 'A task id is a string of decimal digits, e.g. "7281947120394240".'}
+
+    def to_internal_value(self, data: Any) -> int:
+        task_id = parse_task_id(data)
+        if task_id is None:
+            self.fail("invalid")
+        return task_id  # type: ignore[return-value]
+
+    def to_representation(self, value: Any) -> str:
+        return str(value)
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "format": "date-time"},
+            {"type": "number", "minimum": 0, "maximum": MAX_DELAY},
+        ],
+        "description": "an ISO 8601 time, or seconds from now (0 to a year)",
+    }
+)
+class RunAfterField(serializers.Field):
+    """When a task is due: an ISO 8601 time (naive means UTC), or seconds from now."""
+
+    default_error_messages = {
+        "invalid": "Give an ISO 8601 time or a number of seconds from 0 to a year.",
+        "range": "Must be between 2000-01-01 and 9000-01-01.",
+    }
+
+    def to_internal_value(self, data: Any) -> datetime:
+        if isinstance(data, (int, float)) and not isinstance(data, bool):
+            if not (isinstance(data, int) or math.isfinite(data)) or not 0 <= data <= MAX_DELAY:
+                self.fail("invalid")
+            return timezone.now() + timedelta(seconds=float(data))
+        if not isinstance(data, str):
+            self.fail("invalid")
+        try:
+            when = serializers.DateTimeField(default_timezone=UTC).to_internal_value(data)
+        except (serializers.ValidationError, OverflowError, ValueError):
+            self.fail("invalid")
+        if not EARLIEST <= when <= LATEST:
+            self.fail("range")
+        return when
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+def _priority(**kwargs: Any) -> StrictInteger:
+    return StrictInteger(min_value=validation.MIN_PRIORITY, max_value=validation.MAX_PRIORITY, **kwargs)
+
+
+def _count(**kwargs: Any) -> StrictInteger:
+    return StrictInteger(min_value=0, max_value=validation.MAX_INT, **kwargs)
+
+
+# -- tasks -------------------------------------------------------------------------------------------
+
+
+class TaskSerializer(serializers.ModelSerializer):
+    """A task as the API shows it."""
+
+    task_id = TaskIdField(source="id", read_only=True)
+    payload = serializers.JSONField(read_only=True)
+    result = serializers.JSONField(read_only=True, allow_null=True)
+    context = serializers.JSONField(read_only=True)
+    checkpoint = serializers.JSONField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Task
+        fields = [
+            "task_id",
+            "task_type",
+            "key",
+            "version",
+            "status",
+            "status_msg",
+            "priority",
+            "payload",
+            "result",
+            "stage",
+            "context",
+            "checkpoint",
+            "attempts",
+            "max_retries",
+            "timeout",
+            "run_after",
+            "user_id",
+            "trace_id",
+            "worker_id",
+            "created_at",
+            "updated_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+
+class TaskPageSerializer(serializers.Serializer):
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = TaskSerializer(many=True)
+
+
+class HeldTaskSerializer(TaskSerializer):
+    """A task as a hold answers it: with the attempt's lease (fencing token) and deadline."""
+
+    lease = serializers.IntegerField(source="lease_token", read_only=True)
+    lease_expires_at = serializers.DateTimeField(read_only=True)
+
+    class Meta(TaskSerializer.Meta):
+        fields = [*TaskSerializer.Meta.fields, "lease", "lease_expires_at"]
+        read_only_fields = fields
+
+
+class CreateTaskSerializer(StrictSerializer):
+    """One task to create, with the options of taskflow.enqueue."""
+
+    task_type = TaskTypeField()
+    payload = JsonValue(required=False, default=dict)
+    key = StrictText(required=False, max_length=255)
+    version = StrictInteger(required=False, min_value=0, max_value=validation.MAX_BIGINT)
+    priority = _priority(required=False)
+    run_after = RunAfterField(required=False)
+    max_retries = _count(required=False, allow_null=True)
+    timeout = StrictInteger(required=False, allow_null=True, min_value=1, max_value=validation.MAX_INT)
+    stage = StrictText(required=False, max_length=MAX_STAGE)
+    user_id = StrictText(required=False, max_length=64)
+    context = JsonValue(required=False, default=dict)
+    trace_id = StrictText(required=False, max_length=32)
+    retry_same_host = _count(required=False)
+
+
+class BulkCreateSerializer(StrictSerializer):
+    tasks = CreateTaskSerializer(many=True, allow_empty=False, max_length=MAX_BULK)
+
+
+class BulkResultSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=["created", "existing", "replaced"])
+    task = TaskSerializer()
+
+
+class BulkResponseSerializer(serializers.Serializer):
+    results = BulkResultSerializer(many=True)
+
+
+class HoldSerializer(StrictSerializer):
+    task_types = serializers.ListField(child=TaskTypeField(), min_length=1, max_length=remote.MAX_HOLD_TYPES)
+    limit = StrictInteger(min_value=1, max_value=remote.MAX_HOLD)
+    worker_id = StrictText(max_length=200, allow_blank=False, validators=[engine_rule(remote.validate_worker_id)])
+
+
+class HoldResponseSerializer(serializers.Serializer):
+    tasks = HeldTaskSerializer(many=True)
+
+
+# -- set: a worker's report, or an operator's change --------------------------------------------------
+
+WORKER_STATUSES = ("success", "failed", "pending")  # pending with a lease: snooze
+OPERATOR_STATUSES = ("stopped", "pending")
+OPERATOR_FIELDS = ("status", "run_after", "priority", "max_retries")
+WORKER_ONLY = ("result", "error", "detail", "retry", "stage", "context", "delay", "checkpoint", "cost_ms")
+# Per kind of worker report: the fields it may carry besides lease (and task_id in a batch).
+WORKER_KINDS = {
+    "success": {"status", "result", "cost_ms"},
+    "failed": {"status", "error", "detail", "retry", "cost_ms"},
+    "pending": {"status", "delay", "error", "cost_ms"},
+    "stage": {"stage", "context", "delay", "priority", "cost_ms"},
+    "checkpoint": {"checkpoint"},
+}
+
+
+class SetSerializer(StrictSerializer):
+    """One endpoint for both sides: with `lease` a worker's report, without it an operator's change."""
+
+    lease = StrictInteger(required=False, min_value=0, max_value=validation.MAX_BIGINT)
+    status = serializers.ChoiceField(choices=sorted({*WORKER_STATUSES, *OPERATOR_STATUSES}), required=False)
+    result = JsonValue(required=False, allow_null=True)
+    error = StrictText(required=False, max_length=MAX_REASON)
+    detail = StrictText(required=False, max_length=MAX_REASON)
+    retry = StrictBoolean(required=False)
+    stage = StrictText(required=False, max_length=MAX_STAGE)
+    context = JsonValue(required=False, allow_null=True)
+    delay = StrictNumber(required=False, min_value=0, max_value=MAX_DELAY)
+    priority = _priority(required=False)
+    checkpoint = JsonValue(required=False, allow_null=True)
+    cost_ms = _count(required=False)
+    run_after = RunAfterField(required=False)
+    max_retries = _count(required=False)
+    reason = StrictText(required=False, max_length=MAX_REASON)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "lease" in attrs:
+            attrs["kind"] = self._worker_kind(attrs)
+        else:
+            attrs["kind"] = self._operator_change(attrs)
+        return attrs
+
+    def _worker_kind(self, attrs: dict[str, Any]) -> str:
+        given = set(attrs) - {"lease", "task_id"}
+        if "status" in attrs:
+            kind = attrs["status"]
+            if kind not in WORKER_STATUSES:
+                raise serializers.ValidationError({"status": [f"a worker reports one of {', '.join(WORKER_STATUSES)}"]})
+        elif "stage" in attrs:
+            kind = "stage"
+        elif "checkpoint" in attrs:
+            kind = "checkpoint"
+        else:
+            raise serializers.ValidationError("a report needs `status`, `stage` or `checkpoint`")
+        extra = sorted(given - WORKER_KINDS[kind])
+        if extra:
+            raise serializers.ValidationError({name: [f"not part of a {kind} report"] for name in extra})
+        if kind == "success" and "result" not in attrs:
+            raise serializers.ValidationError({"result": ["a success report carries its result (null for none)"]})
+        return kind
+
+    def _operator_change(self, attrs: dict[str, Any]) -> str:
+        worker_fields = sorted(set(attrs) & set(WORKER_ONLY))
+        if worker_fields:
+            raise serializers.ValidationError(
+                {name: ["a worker's field: send it with the attempt's lease"] for name in worker_fields}
+            )
+        changes = [name for name in OPERATOR_FIELDS if name in attrs]
+        if len(changes) != 1:
+            raise serializers.ValidationError(
+                f"an operator request makes exactly one change: one of {', '.join(OPERATOR_FIELDS)}"
+            )
+        if changes == ["status"] and attrs["status"] not in OPERATOR_STATUSES:
+            raise serializers.ValidationError({"status": ["an operator sets `stopped` or `pending`"]})
+        return changes[0]
+
+
+class BatchSetItemSerializer(SetSerializer):
+    """One report in a batch: the single set's fields plus the task and its lease."""
+
+    task_id = TaskIdField()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "lease" not in attrs:
+            raise serializers.ValidationError({"lease": ["a batched report carries the attempt's lease"]})
+        return super().validate(attrs)
+
+
+class LeaseSerializer(StrictSerializer):
+    task_id = TaskIdField()
+    lease = StrictInteger(min_value=0, max_value=validation.MAX_BIGINT)
+
+
+class LeaseBatchSerializer(StrictSerializer):
+    items = LeaseSerializer(many=True, max_length=MAX_BATCH)
+
+
+class BatchResultSerializer(serializers.Serializer):
+    task_id = TaskIdField()
+    outcome = serializers.ChoiceField(choices=["applied", "refused"])
+    error = serializers.CharField(required=False)
+    detail = serializers.CharField(required=False)
+
+
+class BatchResponseSerializer(serializers.Serializer):
+    results = BatchResultSerializer(many=True)
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = serializers.CharField()
+    detail = serializers.CharField()
+    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()), required=False)
+
+
+# -- schedule configs -----------------------------------------------------------------------------------
+
+
+class ScheduleCfgSerializer(serializers.ModelSerializer):
+    """A task type's live config; edits are validated by the model, exactly as in the admin."""
+
+    class Meta:
+        model = ScheduleCfg
+        exclude: list[str] = []
+        read_only_fields = ["task_type", "updated_at"]
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - {n for n, f in self.fields.items() if not f.read_only})
+            if unknown:
+                raise serializers.ValidationError({name: ["unknown or read-only field"] for name in unknown})
+            for name, value in data.items():
+                wrong = (
+                    isinstance(value, bool) != isinstance(self.fields[name], serializers.BooleanField)
+                    or isinstance(value, str) != isinstance(self.fields[name], serializers.ChoiceField)
+                    or value is None
+                    or (isinstance(value, (int, float)) and not -1e300 < value < 1e300)
+                )
+                if wrong:
+                    raise serializers.ValidationError({name: ["wrong type"]})
+        return super().to_internal_value(data)
+
+    def update(self, instance: ScheduleCfg, validated_data: dict[str, Any]) -> ScheduleCfg:
+        for name, value in validated_data.items():
+            setattr(instance, name, value)
+        try:
+            instance.clean_fields()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict) from None
+        instance.save(update_fields=[*validated_data, "updated_at"])
+        return instance
+
+
+class ScheduleCfgPageSerializer(serializers.Serializer):
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = ScheduleCfgSerializer(many=True)
