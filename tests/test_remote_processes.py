@@ -120,7 +120,11 @@ def test_two_remote_workers_drain_500_tasks_through_a_server_outage_each_ending_
     time.sleep(5)
     gunicorn.start()
 
-    wait_until(lambda: Task.objects.filter(pk__in=ids, status__in=FINAL).count() == 500, timeout=240, interval=0.5)
+    try:
+        wait_until(lambda: Task.objects.filter(pk__in=ids, status__in=FINAL).count() == 500, timeout=240, interval=0.5)
+    except AssertionError:
+        counts = Counter(Task.objects.filter(pk__in=ids).values_list("status", flat=True))
+        raise AssertionError(f"not drained: {dict(counts)}\n" + "".join(output(p)[-2000:] for p in workers)) from None
     for proc in workers:
         proc.send_signal(signal.SIGTERM)
     for proc in workers:

@@ -345,7 +345,13 @@ class RemoteWorker:
         self._jobs: queue.SimpleQueue[RemoteAttempt | None] = queue.SimpleQueue()
         self._reports: list[RemoteReport] = []  # finished, not yet accepted or refused by the server
         self._in_flight = 0  # held and not yet run to the end
-        self._running: dict[int, RemoteAttempt] = {}
+        self._running: dict[int, RemoteAttempt] = {}  # handler started and not yet returned
+        # Every attempt held and not yet settled (queued, running, or its report not yet applied or
+        # refused): what each liveness beat lists, so the server can hand back what this worker
+        # does not know it holds (a hold whose answer was lost).
+        self._held: dict[int, RemoteAttempt] = {}
+        self._last_beat = 0.0
+        self._beat_problem = ""
         self._threads: list[threading.Thread] = []
         self._failure: ApiError | None = None
         self.processed = 0  # reports the server applied
@@ -366,7 +372,6 @@ class RemoteWorker:
         for n in range(self.concurrency):
             self._start(f"taskflow-remote-handler-{n}", self._handler_loop)
         self._reporter = self._start("taskflow-remote-reporter", self._report_loop)
-        self._start("taskflow-remote-beat", self._beat_loop)
         try:
             self._hold_loop()
         finally:
@@ -427,12 +432,14 @@ class RemoteWorker:
                 self._fatal(exc)
                 return
             pause = FIRST_BACKOFF
+            self._maybe_beat()
             if self.burst and idle and not held:
                 log.info("nothing is due: a burst worker stops")
                 return
             if not full:
-                # Woken early when a thread frees up after a full hold, or on a stop.
-                self._wake.wait(self.poll_interval)
+                # Woken early when a thread frees up after a full hold, or on a stop; never past a beat.
+                next_beat = self._last_beat + self.beat_interval - time.monotonic()
+                self._wake.wait(min(self.poll_interval, max(0.05, next_beat)))
             self._wake.clear()
 
     def _hold(self) -> tuple[int, bool]:
@@ -452,6 +459,7 @@ class RemoteWorker:
             attempt = RemoteAttempt.from_json(task, asked_at, server_now)
             with self._lock:
                 self._in_flight += 1
+                self._held[attempt.id] = attempt
             self._jobs.put(attempt)
         return len(tasks), len(tasks) == limit
 
@@ -517,6 +525,8 @@ class RemoteWorker:
 
     def _queue_report(self, report: RemoteReport) -> None:
         if report.item is None:
+            with self._lock:
+                self._held.pop(report.attempt.id, None)
             return
         with self._lock:
             self._reports.append(report)
@@ -616,6 +626,8 @@ class RemoteWorker:
     def _settle(self, report: RemoteReport, *, applied: bool) -> None:
         with self._lock:
             self._reports.remove(report)
+            if self._held.get(report.attempt.id) is report.attempt:
+                del self._held[report.attempt.id]
             if applied:
                 self.processed += 1
             else:
@@ -623,23 +635,27 @@ class RemoteWorker:
 
     # -- liveness ------------------------------------------------------------------------------
 
-    def _beat_loop(self) -> None:
-        """Tell the server this worker lives, and learn which running attempts were taken away."""
-        while not self._done.wait(self.beat_interval):
-            with self._lock:
-                running = list(self._running.values())
-            items = [{**a.fence, "extend": False} for a in running]
-            try:
-                results = self.client.batch("tasks/heartbeat/", items, worker_id=self.worker_id)
-            except AccessDenied as exc:
-                self._fatal(exc)
-                return
-            except ApiError as exc:
+    def _maybe_beat(self) -> None:
+        """Beat if one is due. Called only between holds (never while one is in flight), see _held."""
+        if time.monotonic() - self._last_beat < self.beat_interval:
+            return
+        self._last_beat = time.monotonic()
+        with self._lock:
+            held = list(self._held.values())
+        try:
+            results = self.client.batch("tasks/heartbeat/", [a.fence for a in held], worker_id=self.worker_id)
+        except AccessDenied as exc:
+            self._fatal(exc)
+            return
+        except ApiError as exc:
+            if str(exc) != self._beat_problem:  # said once, not at every beat
                 log.warning("liveness beat failed: %s", exc)
-                continue
-            for attempt, result in zip(running, results, strict=True):
-                if result.get("outcome") != "applied":
-                    attempt.stop_requested.set()
+            self._beat_problem = str(exc)
+            return
+        self._beat_problem = ""
+        for attempt, result in zip(held, results, strict=True):
+            if result.get("outcome") != "applied":
+                attempt.stop_requested.set()
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -649,6 +665,7 @@ class RemoteWorker:
         self._release_unstarted()
         while self.in_flight and time.monotonic() - started < self.grace:
             self._release_unstarted()
+            self._maybe_beat()
             time.sleep(0.05)
         self._release_unstarted()
         with self._lock:
@@ -662,6 +679,7 @@ class RemoteWorker:
                 )
         self._flush_deadline = time.monotonic() + self.flush_timeout
         while self.unreported and time.monotonic() < self._flush_deadline and self._reporter.is_alive():
+            self._maybe_beat()
             time.sleep(0.05)
         for _ in range(self.concurrency):
             self._jobs.put(None)
@@ -708,6 +726,8 @@ class RemoteWorker:
         log.info("handed back %d unstarted task(s)", released)
         with self._lock:
             self._in_flight -= len(unstarted)
+            for attempt in unstarted:
+                self._held.pop(attempt.id, None)
 
 
 def _traceback() -> str:
