@@ -47,6 +47,7 @@ def start_gunicorn(pool: WorkerPool, env: dict[str, str], port: int, workers: in
     log_path = pool.log_dir / "gunicorn.log"
     command = [sys.executable, "-m", "gunicorn", "project.wsgi:application", "--bind", f"127.0.0.1:{port}"]
     command += ["--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads)]
+    command += ["--no-control-socket"]  # its default path is shared by every gunicorn of the user
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

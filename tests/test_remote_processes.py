@@ -41,6 +41,7 @@ class Gunicorn:
         log = open(self.log_dir / f"gunicorn-{self.starts}.log", "wb")  # noqa: SIM115 - closed with the process
         command = [sys.executable, "-m", "gunicorn", "project.wsgi:application", "--bind", f"127.0.0.1:{self.port}"]
         command += ["--workers", "2", "--worker-class", "gthread", "--threads", "4", "--graceful-timeout", "5"]
+        command += ["--no-control-socket"]  # its default path is shared by every gunicorn of the user
         # A session of its own, so killing its process group takes the master and both workers at once.
         self.proc = subprocess.Popen(
             command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
