@@ -383,3 +383,15 @@ def test_bad_options_exit_with_one_line(tmp_path: Path) -> None:
         )
         assert done.returncode == 2, (args, done.stderr)
         assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+def test_a_beat_hands_back_tasks_whose_hold_answer_was_lost(api_url: str, token: str) -> None:
+    tasks = [taskflow.enqueue("test.record", {"n": n}) for n in range(3)]
+    client = ApiClient(api_url, token)
+    # Claimed for this worker, but the answer never reached it (the server died before replying).
+    client.hold(["test.record"], 3, "lost-host:1:abc")
+    assert Task.objects.filter(pk__in=[t.pk for t in tasks], status=Status.PROCESSING).count() == 3
+    worker = RemoteWorker(client, ["test.record"], worker_id="lost-host:1:abc", concurrency=1)
+    worker._maybe_beat()
+    for task in tasks:
+        assert (row(task).status, row(task).attempts, row(task).worker_id) == (Status.PENDING, 0, "")

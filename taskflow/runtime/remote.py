@@ -599,6 +599,7 @@ class RemoteWorker:
                 self._settle(report, applied=True)
             else:
                 self._refused(report, result)
+        self._wake.set()  # holding may have paused while reports piled up
 
     def _refused(self, report: RemoteReport, result: dict[str, Any]) -> None:
         error = result.get("error") or ""
