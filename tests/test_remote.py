@@ -395,3 +395,16 @@ def test_a_beat_hands_back_tasks_whose_hold_answer_was_lost(api_url: str, token:
     worker._maybe_beat()
     for task in tasks:
         assert (row(task).status, row(task).attempts, row(task).worker_id) == (Status.PENDING, 0, "")
+
+
+def test_a_report_batch_over_the_servers_request_limit_is_split_until_it_fits(remote, settings) -> None:
+    settings.TASKFLOW = {**settings.TASKFLOW, "MAX_REQUEST_BYTES": 4096}
+    # Each result fits in a request alone, four together do not (413): they are sent in halves.
+    tasks = [taskflow.enqueue("test.misbehave", {"size": 1500}) for _ in range(4)]
+    too_big = taskflow.enqueue("test.misbehave", {"size": 5000})  # not even alone: its task fails
+    remote(["test.misbehave"], concurrency=5)
+    wait_until(finished(*tasks, too_big), timeout=30)
+    for task in tasks:
+        assert (row(task).status, len(row(task).result["data"])) == (Status.SUCCESS, 1500 - 12)
+    assert (row(too_big).status, row(too_big).attempts) == (Status.FAILED, 1)
+    assert "report refused by the server" in row(too_big).status_msg
