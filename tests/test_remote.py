@@ -245,15 +245,17 @@ def test_a_heartbeat_retries_through_an_outage_then_raises_lease_lost_when_the_l
     assert row(task).checkpoint == {"step": 1}
 
 
-def test_a_running_attempt_taken_away_is_told_to_stop_and_its_report_is_refused(remote, run_log: Path) -> None:
+def test_a_running_attempt_stopped_by_an_operator_is_told_at_the_next_beat_and_its_report_is_refused(
+    remote, run_log: Path
+) -> None:
     task = taskflow.enqueue("test.until_stopped", {"seconds": 20})
     worker = remote(["test.until_stopped"], concurrency=1)
     wait_until(lambda: read_runs(run_log), timeout=30)
-    take_away(task)
+    result = taskflow.terminate([task.pk], by="test-operator", reason="test")
+    assert result.changed == 1
     wait_until(lambda: [r for r in read_runs(run_log) if r[2] == "noticed"], timeout=10)
     wait_until(lambda: worker.refused == 1, timeout=10)
-    assert (row(task).status, row(task).result) == (Status.PENDING, None)  # as the rescue left it
-    worker.request_stop()
+    assert (row(task).status, row(task).result) == (Status.STOPPED, None)
 
 
 # -- outages ----------------------------------------------------------------------------------------
