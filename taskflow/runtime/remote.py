@@ -3,8 +3,9 @@
 It does what the local worker does, over HTTP: holds due tasks in batches sized by its free handler
 threads (`POST tasks/hold/`), runs each with the same TaskContext as the local worker (its lease
 kept by `HttpChannel`), reports finished attempts in batches with their leases (`POST tasks/set/`),
-beats its liveness and learns of attempts taken away (`POST tasks/heartbeat/`), and on a graceful
-stop hands unstarted tasks back (`POST tasks/release/`).
+beats its liveness (`POST tasks/heartbeat/` with its `worker_id` and every attempt it holds: the
+server answers which were taken away, and hands back any it claimed for this worker whose hold
+answer was lost), and on a graceful stop hands unstarted tasks back (`POST tasks/release/`).
 
 The server may be unreachable at any time. Holding then waits; finished reports stay in memory and
 are sent again with a back-off capped at MAX_BACKOFF seconds, never dropped; a report refused as
