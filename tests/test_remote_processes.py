@@ -4,6 +4,7 @@ drain 500 tasks over HTTP, through a 5-second server outage, each task ending ex
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -140,19 +141,27 @@ def test_two_remote_workers_drain_500_tasks_through_a_server_outage_each_ending_
     for run in read_runs(run_log):
         runs[run[0]].append(run)
     assert Counter(t.status for t in rows.values()) == Counter({Status.SUCCESS: 500})
+    # Every attempt ran once and was reported once. Claims beyond the attempts (lease_token counts
+    # claims) are exactly the holds whose answer the outage swallowed, handed back by a beat unstarted.
+    extra_claims = 0
     for n, task in enumerate(records):
         got = rows[task.pk]
-        assert (got.attempts, got.lease_token, got.result, len(got.schedule_log)) == (1, 1, {"n": n}, 1)
+        assert (got.attempts, got.result, len(got.schedule_log)) == (1, {"n": n}, 1)
         assert [r[1] for r in runs[str(task.pk)]] == ["1"]
+        extra_claims += got.lease_token - 1
     for task in flaky:
         got = rows[task.pk]
-        assert (got.attempts, got.lease_token, got.result, len(got.schedule_log)) == (2, 2, {"attempt": 2}, 2)
+        assert (got.attempts, got.result, len(got.schedule_log)) == (2, {"attempt": 2}, 2)
         assert sorted(r[1] for r in runs[str(task.pk)]) == ["1", "2"]
+        extra_claims += got.lease_token - 2
     for task in staged:
         got = rows[task.pk]
-        assert (got.stage, got.lease_token, len(got.schedule_log)) == ("second", 2, 2)
+        assert (got.stage, len(got.schedule_log)) == ("second", 2)
         assert got.result == {"stage": "second", "context": {"from": "first"}, "checkpoint": None}
         assert len(runs[str(task.pk)]) == 2
+        extra_claims += got.lease_token - 2
     assert set(runs) == {str(i) for i in ids}
+    handed_back = sum(int(n) for n in re.findall(r"the server handed back (\d+) task", logs))
+    assert extra_claims == handed_back
     # Both workers took part.
     assert len({r[3] for rs in runs.values() for r in rs}) == 2

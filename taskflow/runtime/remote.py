@@ -116,13 +116,22 @@ class ApiClient:
         answer, clock = self.post("tasks/hold/", {"task_types": task_types, "limit": limit, "worker_id": worker_id})
         return answer["tasks"], clock
 
-    def batch(self, path: str, items: list[dict[str, Any]], **extra: Any) -> list[dict[str, Any]]:
+    def batch(self, path: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """POST `{"items": items}` to a batch endpoint; the per-item results, in order."""
-        answer, _ = self.post(path, {"items": items, **extra})
+        return self._batch(path, {"items": items})[0]
+
+    def beat(self, worker_id: str, held: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        """A liveness beat listing every attempt held: per-item results, and how many the server handed back."""
+        results, answer = self._batch("tasks/heartbeat/", {"worker_id": worker_id, "items": held})
+        handed_back = answer.get("handed_back", 0)
+        return results, handed_back if isinstance(handed_back, int) else 0
+
+    def _batch(self, path: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        answer, _ = self.post(path, body)
         results = answer.get("results")
-        if not isinstance(results, list) or len(results) != len(items):
+        if not isinstance(results, list) or len(results) != len(body["items"]):
             raise Unreachable(f"{path}: an answer without one result per item: {answer!r}"[:500])
-        return results
+        return results, answer
 
     def set_task(self, task_id: str, body: dict[str, Any]) -> dict[str, Any]:
         answer, _ = self.post(f"tasks/{task_id}/set/", body)
@@ -645,7 +654,7 @@ class RemoteWorker:
         with self._lock:
             held = list(self._held.values())
         try:
-            results = self.client.batch("tasks/heartbeat/", [a.fence for a in held], worker_id=self.worker_id)
+            results, n_back = self.client.beat(self.worker_id, [a.fence for a in held])
         except AccessDenied as exc:
             self._fatal(exc)
             return
@@ -655,6 +664,8 @@ class RemoteWorker:
             self._beat_problem = str(exc)
             return
         self._beat_problem = ""
+        if n_back:
+            log.warning("the server handed back %d task(s) held for this worker whose hold answer was lost", n_back)
         for attempt, result in zip(held, results, strict=True):
             if result.get("outcome") != "applied":
                 attempt.stop_requested.set()
