@@ -440,3 +440,21 @@ def test_a_user_may_be_given_each_permission_alone() -> None:
     assert reader.get("/api/schedule-cfgs/a.type/")[0] == 200
     assert reader.patch("/api/schedule-cfgs/a.type/", {"paused": True})[0] == 403
     assert User.objects.count() == 1
+
+
+def test_the_written_out_task_representation_is_what_drf_would_write() -> None:
+    from rest_framework import serializers
+
+    from taskflow.api.serializers import HeldTaskSerializer, TaskSerializer
+    from taskflow.engine import remote
+
+    taskflow.enqueue(T, {"a": [1, "x"]}, key="k", version=3, priority=-4, stage="s", user_id="u", context={"c": 1})
+    [claimed] = remote.hold([T], 1, "host:1:w")
+    task = Task.objects.get(pk=claimed.id)
+    task.result, task.checkpoint = {"r": None}, [1, 2]
+    for cls in (TaskSerializer, HeldTaskSerializer):
+        serializer = cls(task)
+        generic = serializers.ModelSerializer.to_representation(serializer, task)
+        assert serializer.data == generic
+        assert list(serializer.data) == list(generic)
+    assert HeldTaskSerializer(task).data["lease"] == claimed.lease_token

@@ -395,10 +395,12 @@ def test_malformed_batches_are_400s(worker: Api, url: str, body: object) -> None
     assert (status, answer["error"]) == (400, "invalid"), answer
 
 
-@pytest.mark.parametrize("url", ["/api/tasks/heartbeat/", "/api/tasks/release/"])
+@pytest.mark.parametrize("url", ["/api/tasks/set/", "/api/tasks/heartbeat/", "/api/tasks/release/"])
 @pytest.mark.parametrize(
     "item", [{"task_id": 5, "lease": 1}, {"task_id": "5"}, {"task_id": "x", "lease": 1}, {"task_id": "5", "lease": "1"}]
 )
-def test_lease_batches_refuse_malformed_items_with_400(worker: Api, url: str, item: dict) -> None:
+def test_batches_refuse_items_without_a_well_formed_task_id_and_lease_with_400(
+    worker: Api, url: str, item: dict
+) -> None:
     status, answer = worker.post(url, {"items": [item]})
     assert (status, answer["error"]) == (400, "invalid") and "items[0]" in " ".join(answer["fields"]), answer
