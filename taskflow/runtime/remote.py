@@ -570,6 +570,14 @@ class RemoteWorker:
             except ApiError as exc:
                 self._fatal(exc)
                 return
+            except Exception:
+                # A bug must not silence the reporter: the reports stay, and are tried again.
+                log.exception("sending %d report(s) failed; trying again in %.1fs", len(pending), pause)
+                if self._done.wait(pause) and self._give_up_flushing():
+                    return
+                pause = min(pause * 2, MAX_BACKOFF)
+                self._reports_ready.set()
+                continue
             pause = FIRST_BACKOFF
 
     def _give_up_flushing(self) -> bool:
