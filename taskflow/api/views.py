@@ -93,6 +93,10 @@ class TasksView(ApiView):
         """Tasks, newest first, filtered; cursor-paginated (no COUNT)."""
         query = valid(ListFilterSerializer, request.query_params.dict())
         filters = {name: query[name] for name in LIST_FILTERS if name in query}
+        if ("key" in filters or "stage" in filters) and "task_type" not in filters:
+            # Keys and stages are indexed after the type ((task_type, key, version), (task_type, stage)):
+            # naming every known type (each has its ScheduleCfg row) lets the database use those indexes.
+            filters["task_type__in"] = list(ScheduleCfg.objects.values_list("task_type", flat=True))
         paginator = Pages()
         page = paginator.paginate_queryset(Task.objects.filter(**filters), request, view=self)
         return paginator.get_paginated_response(s.TaskSerializer(page, many=True).data)
