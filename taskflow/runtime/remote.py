@@ -212,6 +212,11 @@ class RemoteAttempt:
         )
 
     @property
+    def key(self) -> tuple[int, Any]:
+        """This attempt among all of its task's: the task and the lease."""
+        return (self.id, self.lease)
+
+    @property
     def fence(self) -> dict[str, Any]:
         """What identifies this attempt to the server in every report."""
         return {"task_id": str(self.id), "lease": self.lease}
@@ -355,11 +360,12 @@ class RemoteWorker:
         self._jobs: queue.SimpleQueue[RemoteAttempt | None] = queue.SimpleQueue()
         self._reports: list[RemoteReport] = []  # finished, not yet accepted or refused by the server
         self._in_flight = 0  # held and not yet run to the end
-        self._running: dict[int, RemoteAttempt] = {}  # handler started and not yet returned
+        # Keyed by (task id, lease): a task rescued and held again here is another attempt.
+        self._running: dict[tuple[int, Any], RemoteAttempt] = {}  # handler started and not yet returned
         # Every attempt held and not yet settled (queued, running, or its report not yet applied or
         # refused): what each liveness beat lists, so the server can hand back what this worker
         # does not know it holds (a hold whose answer was lost).
-        self._held: dict[int, RemoteAttempt] = {}
+        self._held: dict[tuple[int, Any], RemoteAttempt] = {}
         self._last_beat = 0.0
         self._beat_problem = ""
         self._threads: list[threading.Thread] = []
@@ -469,7 +475,7 @@ class RemoteWorker:
             attempt = RemoteAttempt.from_json(task, asked_at, server_now)
             with self._lock:
                 self._in_flight += 1
-                self._held[attempt.id] = attempt
+                self._held[attempt.key] = attempt
             self._jobs.put(attempt)
         return len(tasks), len(tasks) == limit
 
@@ -485,12 +491,12 @@ class RemoteWorker:
                 self._stopping.wait(0.05)
                 continue
             with self._lock:
-                self._running[attempt.id] = attempt
+                self._running[attempt.key] = attempt
             try:
                 report = self._execute(attempt)
             finally:
                 with self._lock:
-                    self._running.pop(attempt.id, None)
+                    self._running.pop(attempt.key, None)
             self._queue_report(report)
             with self._lock:
                 self._in_flight -= 1
@@ -536,7 +542,7 @@ class RemoteWorker:
     def _queue_report(self, report: RemoteReport) -> None:
         if report.item is None:
             with self._lock:
-                self._held.pop(report.attempt.id, None)
+                self._held.pop(report.attempt.key, None)
             return
         with self._lock:
             self._reports.append(report)
@@ -645,8 +651,7 @@ class RemoteWorker:
     def _settle(self, report: RemoteReport, *, applied: bool) -> None:
         with self._lock:
             self._reports.remove(report)
-            if self._held.get(report.attempt.id) is report.attempt:
-                del self._held[report.attempt.id]
+            self._held.pop(report.attempt.key, None)
             if applied:
                 self.processed += 1
             else:
@@ -748,7 +753,7 @@ class RemoteWorker:
         with self._lock:
             self._in_flight -= len(unstarted)
             for attempt in unstarted:
-                self._held.pop(attempt.id, None)
+                self._held.pop(attempt.key, None)
 
 
 def _traceback() -> str:
