@@ -212,7 +212,7 @@ class RemoteAttempt:
         )
 
     @property
-    def key(self) -> tuple[int, Any]:
+    def fence_key(self) -> tuple[int, Any]:
         """This attempt among all of its task's: the task and the lease."""
         return (self.id, self.lease)
 
@@ -475,7 +475,7 @@ class RemoteWorker:
             attempt = RemoteAttempt.from_json(task, asked_at, server_now)
             with self._lock:
                 self._in_flight += 1
-                self._held[attempt.key] = attempt
+                self._held[attempt.fence_key] = attempt
             self._jobs.put(attempt)
         return len(tasks), len(tasks) == limit
 
@@ -491,12 +491,12 @@ class RemoteWorker:
                 self._stopping.wait(0.05)
                 continue
             with self._lock:
-                self._running[attempt.key] = attempt
+                self._running[attempt.fence_key] = attempt
             try:
                 report = self._execute(attempt)
             finally:
                 with self._lock:
-                    self._running.pop(attempt.key, None)
+                    self._running.pop(attempt.fence_key, None)
             self._queue_report(report)
             with self._lock:
                 self._in_flight -= 1
@@ -542,7 +542,7 @@ class RemoteWorker:
     def _queue_report(self, report: RemoteReport) -> None:
         if report.item is None:
             with self._lock:
-                self._held.pop(report.attempt.key, None)
+                self._held.pop(report.attempt.fence_key, None)
             return
         with self._lock:
             self._reports.append(report)
@@ -651,7 +651,7 @@ class RemoteWorker:
     def _settle(self, report: RemoteReport, *, applied: bool) -> None:
         with self._lock:
             self._reports.remove(report)
-            self._held.pop(report.attempt.key, None)
+            self._held.pop(report.attempt.fence_key, None)
             if applied:
                 self.processed += 1
             else:
@@ -753,7 +753,7 @@ class RemoteWorker:
         with self._lock:
             self._in_flight -= len(unstarted)
             for attempt in unstarted:
-                self._held.pop(attempt.key, None)
+                self._held.pop(attempt.fence_key, None)
 
 
 def _traceback() -> str:
