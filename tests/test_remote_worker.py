@@ -21,7 +21,7 @@ from taskflow.models import Status, Task
 from taskflow.runtime.remote import ApiClient, HttpChannel, RemoteAttempt, RemoteWorker
 
 from .conftest import REPO, read_runs, run_in_thread, wait_until
-from .remote_support import CuttableProxy, api_token
+from .remote_support import CuttableProxy, api_token, require_liveness_beat
 
 WORKER_PERMISSION = "hold_task"
 
@@ -246,9 +246,10 @@ def test_a_heartbeat_retries_through_an_outage_then_raises_lease_lost_when_the_l
 
 
 def test_a_running_attempt_stopped_by_an_operator_is_told_at_the_next_beat_and_its_report_is_refused(
-    remote, run_log: Path
+    remote, run_log: Path, api_url: str, token: str
 ) -> None:
-    task = taskflow.enqueue("test.until_stopped", {"seconds": 20})
+    require_liveness_beat(api_url, token)
+    task = taskflow.enqueue("test.until_stopped", {"seconds": 10})
     worker = remote(["test.until_stopped"], concurrency=1)
     wait_until(lambda: read_runs(run_log), timeout=30)
     result = taskflow.terminate([task.pk], by="test-operator", reason="test")
@@ -389,6 +390,7 @@ def test_bad_options_exit_with_one_line(tmp_path: Path) -> None:
 
 
 def test_a_beat_hands_back_tasks_whose_hold_answer_was_lost(api_url: str, token: str) -> None:
+    require_liveness_beat(api_url, token)
     tasks = [taskflow.enqueue("test.record", {"n": n}) for n in range(3)]
     client = ApiClient(api_url, token)
     # Claimed for this worker, but the answer never reached it (the server died before replying).

@@ -20,7 +20,7 @@ import taskflow
 from taskflow.models import Status, Task
 
 from .conftest import REPO, read_runs, wait_until
-from .remote_support import api_token, free_port
+from .remote_support import api_token, free_port, require_liveness_beat
 
 pytestmark = pytest.mark.processes
 
@@ -102,6 +102,8 @@ def test_two_remote_workers_drain_500_tasks_through_a_server_outage_each_ending_
     gunicorn: Gunicorn, start_remote, run_log: Path
 ) -> None:
     token = api_token("remote-worker", "hold_task")
+    # A hold whose answer the outage swallows is recovered only by the beat's hand-back.
+    require_liveness_beat(gunicorn.url, token)
     records = taskflow.enqueue_many(
         [{"task_type": "test.record", "payload": {"n": n, "sleep": 0.02}} for n in range(440)]
     )
