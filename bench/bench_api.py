@@ -27,7 +27,7 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 os.environ.setdefault("DJANGO_SECRET_KEY", "taskflow-bench-only")
 
 from bench import database  # noqa: E402
-from bench.bench_console import TYPES, fill, seq_id  # noqa: E402
+from bench.bench_console import TYPES, fill  # noqa: E402
 
 TARGET_MS = 100.0
 
@@ -85,8 +85,10 @@ def main() -> None:
     client = APIClient(SERVER_NAME="localhost")
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
 
-    middle = seq_id(args.rows // 2, args.rows)
+    # A task from the middle of the filled week (ids of tasks created by earlier runs are newer).
+    middle = Task.objects.filter(task_type__in=TYPES).order_by("id").values_list("id", flat=True)[args.rows // 3]
     key_row = (args.rows // 3) * 3
+    run = int(time.time())  # keys of this run's creates: new ones however often it runs on the same data
     tasks = "/api/tasks/"
     reads = [
         ("list, unfiltered", tasks),
@@ -115,7 +117,7 @@ def main() -> None:
     creates = [{"task_type": "bench.api", "payload": {"n": i}} for i in range(args.repeat * 10)]
     times, status = timed_requests(client, "post", tasks, creates, len(creates))
     report(f"create one task ({len(creates)} requests)", times, status)
-    keyed = [{"task_type": "bench.api", "key": f"api-{i}", "payload": {"n": i}} for i in range(args.repeat * 10)]
+    keyed = [{"task_type": "bench.api", "key": f"api-{run}-{i}", "payload": {"n": i}} for i in range(args.repeat * 10)]
     times, status = timed_requests(client, "post", tasks, keyed, len(keyed))
     report(f"create one keyed task ({len(keyed)} requests)", times, status)
     batch = [{"tasks": [{"task_type": "bench.api", "payload": {"n": i}} for i in range(1000)]}]

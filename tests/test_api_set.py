@@ -8,6 +8,7 @@ import pytest
 from django.utils import timezone
 
 import taskflow
+from taskflow.api.serializers import HeldTaskSerializer
 from taskflow.engine import rescue
 from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task, TaskEvent, WorkerProcess
@@ -404,3 +405,38 @@ def test_batches_refuse_items_without_a_well_formed_task_id_and_lease_with_400(
 ) -> None:
     status, answer = worker.post(url, {"items": [item]})
     assert (status, answer["error"]) == (400, "invalid") and "items[0]" in " ".join(answer["fields"]), answer
+
+
+def test_a_heartbeat_answers_each_new_deadline() -> None:
+    worker = api_as("worker")
+    taskflow.enqueue(T, timeout=120)
+    [held] = hold(worker)
+    status, body = worker.post(
+        "/api/tasks/heartbeat/", {"items": [{"task_id": held["task_id"], "lease": held["lease"]}]}
+    )
+    assert status == 200 and "handed_back" not in body
+    [result] = body["results"]
+    assert result["lease_expires_at"] == HeldTaskSerializer(row(held)).data["lease_expires_at"]
+    assert result["lease_expires_at"] > held["lease_expires_at"]
+
+
+def test_a_liveness_beat_names_the_worker_and_hands_back_what_it_does_not_know_it_holds(worker: Api) -> None:
+    taskflow.enqueue_many([{"task_type": T}] * 3)
+    known, lost = hold(worker, limit=1), hold(worker, limit=2)  # the second hold's answer "never arrived"
+    WorkerProcess.objects.all().delete()
+    fence = [{"task_id": h["task_id"], "lease": h["lease"]} for h in known]
+    status, body = worker.post("/api/tasks/heartbeat/", {"worker_id": WORKER_ID, "items": fence})
+    assert status == 200 and body["handed_back"] == 0  # claimed just now: perhaps still on its way
+    assert WorkerProcess.objects.filter(worker_id=WORKER_ID).exists()
+    Task.objects.update(started_at=timezone.now() - timedelta(seconds=10))
+    status, body = worker.post("/api/tasks/heartbeat/", {"worker_id": WORKER_ID, "items": fence})
+    assert status == 200 and body["handed_back"] == 2 and body["results"][0]["outcome"] == "applied"
+    assert [row(h).status for h in lost] == [Status.PENDING, Status.PENDING]
+    assert [row(h).attempts for h in lost] == [0, 0]
+    assert row(known[0]).status == Status.PROCESSING
+    # An idle worker beats with no items; another worker's attempts are never touched.
+    status, body = worker.post("/api/tasks/heartbeat/", {"worker_id": "other-host:1:zz", "items": []})
+    assert (status, body) == (200, {"results": [], "handed_back": 0})
+    assert row(known[0]).status == Status.PROCESSING
+    status, body = worker.post("/api/tasks/heartbeat/", {"worker_id": "bad id", "items": []})
+    assert status == 400 and "worker_id" in body["fields"]

@@ -234,18 +234,18 @@ class TaskSerializer(serializers.ModelSerializer):
             "attempts": task.attempts,
             "max_retries": task.max_retries,
             "timeout": task.timeout,
-            "run_after": _time(task.run_after),
+            "run_after": time_text(task.run_after),
             "user_id": task.user_id,
             "trace_id": task.trace_id,
             "worker_id": task.worker_id,
-            "created_at": _time(task.created_at),
-            "updated_at": _time(task.updated_at),
-            "started_at": _time(task.started_at),
-            "finished_at": _time(task.finished_at),
+            "created_at": time_text(task.created_at),
+            "updated_at": time_text(task.updated_at),
+            "started_at": time_text(task.started_at),
+            "finished_at": time_text(task.finished_at),
         }
 
 
-def _time(value: datetime | None) -> str | None:
+def time_text(value: datetime | None) -> str | None:
     """As DRF writes an aware datetime in UTC: ISO 8601 with a "Z"."""
     if value is None:
         return None
@@ -273,7 +273,7 @@ class HeldTaskSerializer(TaskSerializer):
         return {
             **super().to_representation(task),
             "lease": task.lease_token,
-            "lease_expires_at": _time(task.lease_expires_at),
+            "lease_expires_at": time_text(task.lease_expires_at),
         }
 
 
@@ -415,6 +415,14 @@ class LeaseBatchSerializer(StrictSerializer):
     items = LeaseSerializer(many=True, max_length=MAX_BATCH)
 
 
+class HeartbeatSerializer(LeaseBatchSerializer):
+    """Leases to extend; with `worker_id`, also the worker's liveness beat listing every attempt it holds."""
+
+    worker_id = StrictText(
+        required=False, max_length=200, allow_blank=False, validators=[engine_rule(remote.validate_worker_id)]
+    )
+
+
 class BatchResultSerializer(serializers.Serializer):
     task_id = TaskIdField()
     outcome = serializers.ChoiceField(choices=["applied", "refused"])
@@ -424,6 +432,17 @@ class BatchResultSerializer(serializers.Serializer):
 
 class BatchResponseSerializer(serializers.Serializer):
     results = BatchResultSerializer(many=True)
+
+
+class HeartbeatResultSerializer(BatchResultSerializer):
+    lease_expires_at = serializers.DateTimeField(required=False, help_text="the new deadline of an applied one")
+
+
+class HeartbeatResponseSerializer(serializers.Serializer):
+    results = HeartbeatResultSerializer(many=True)
+    handed_back = serializers.IntegerField(
+        required=False, help_text="with worker_id: attempts of this worker it did not list, handed back"
+    )
 
 
 class ErrorSerializer(serializers.Serializer):

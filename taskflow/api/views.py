@@ -284,45 +284,39 @@ class BatchSetView(ApiView):
         return Response({"results": results})
 
 
-class LeaseBatchView(ApiView):
-    """Shared by heartbeat and release: a batch of `{task_id, lease}`, each applied or refused."""
-
+class HeartbeatView(ApiView):
     permission_classes = [perms.Needs.on(POST=perms.HOLD)]
-    apply: Callable[[list[remote.Held]], list[Any]]
-
-    def post(self, request: Request) -> Response:
-        items = valid(s.LeaseBatchSerializer, request.data)["items"]
-        helds = [remote.Held(item["task_id"], item["lease"]) for item in items]
-        outcomes = type(self).apply(helds)
-        return Response(
-            {
-                "results": [
-                    applied(h.task_id) if ok else refused(h.task_id, "lease_lost")
-                    for h, ok in zip(helds, outcomes, strict=True)
-                ]
-            }
-        )
-
-
-def _extend(helds: list[remote.Held]) -> list[Any]:
-    return remote.extend([(h, ...) for h in helds])
-
-
-class HeartbeatView(LeaseBatchView):
-    apply = staticmethod(_extend)
 
     @extend_schema(
         operation_id="tasks_heartbeat",
-        request=s.LeaseBatchSerializer,
-        responses={200: s.BatchResponseSerializer, **errors(400, 413)},
+        request=s.HeartbeatSerializer,
+        responses={200: s.HeartbeatResponseSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        """Extend the deadline of each attempt by its timeout."""
-        return super().post(request)
+        """Extend each attempt's deadline by its timeout; with `worker_id`, also the worker's liveness beat.
+
+        A beat lists every attempt the worker holds: those claimed for it that it does not list
+        (a hold whose answer was lost) are handed back, and counted in `handed_back`.
+        """
+        data = valid(s.HeartbeatSerializer, request.data)
+        helds = [remote.Held(item["task_id"], item["lease"]) for item in data["items"]]
+        deadlines = remote.extend([(h, ...) for h in helds])
+        answer: dict[str, Any] = {
+            "results": [
+                {**applied(h.task_id), "lease_expires_at": s.time_text(deadline)}
+                if deadline
+                else refused(h.task_id, "lease_lost")
+                for h, deadline in zip(helds, deadlines, strict=True)
+            ]
+        }
+        if "worker_id" in data:
+            remote.beat(data["worker_id"])
+            answer["handed_back"] = remote.hand_back_unlisted(data["worker_id"], helds)
+        return Response(answer)
 
 
-class ReleaseView(LeaseBatchView):
-    apply = staticmethod(remote.release)
+class ReleaseView(ApiView):
+    permission_classes = [perms.Needs.on(POST=perms.HOLD)]
 
     @extend_schema(
         operation_id="tasks_release",
@@ -331,7 +325,13 @@ class ReleaseView(LeaseBatchView):
     )
     def post(self, request: Request) -> Response:
         """Hand claimed-but-unstarted tasks back to pending without using an attempt."""
-        return super().post(request)
+        items = valid(s.LeaseBatchSerializer, request.data)["items"]
+        helds = [remote.Held(item["task_id"], item["lease"]) for item in items]
+        results = [
+            applied(h.task_id) if ok else refused(h.task_id, "lease_lost")
+            for h, ok in zip(helds, remote.release(helds), strict=True)
+        ]
+        return Response({"results": results})
 
 
 # -- schedule configs and stats --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -36,6 +36,8 @@ from .validation import json_text, validate_task_type
 WORKER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,199}")
 MAX_HOLD = 1000  # tasks per hold call
 MAX_HOLD_TYPES = 100
+# Seconds after its claim before an attempt its worker does not list is taken for a lost hold answer.
+HOLD_ANSWER_GRACE = 2.0
 # What is read of an attempt a remote worker names: enough to rebuild it as claimed.
 _COLUMNS = (*sql.CLAIM_COLUMNS, "status", "worker_id", "started_at", "lease_expires_at")
 # Outcomes a remote worker may report (LOST, RESCUED and TERMINATED are decided on the server).
@@ -157,6 +159,28 @@ def finish(reports: Sequence[RemoteReport]) -> list[bool]:
     _beat({r.task.worker_id for r in built if r is not None})
     accepted = {id(r) for r in finish_attempts([r for r in built if r is not None], now=now)}
     return [r is not None and id(r) in accepted for r in built]
+
+
+def beat(worker_id: str) -> None:
+    """Record that remote worker `worker_id` is alive (a heartbeat that names it, holding tasks or not)."""
+    worker_id = validate_worker_id(worker_id)
+    workers.beat(worker_id, worker_host(worker_id) or "remote", [], 0, pid=0)
+
+
+def hand_back_unlisted(worker_id: str, listed: Iterable[Held], *, grace: float = HOLD_ANSWER_GRACE) -> int:
+    """Hand back attempts claimed for `worker_id` that it does not list as held; returns how many.
+
+    A worker lists every attempt it holds; one it does not know of was claimed by a hold whose
+    answer never reached it, and would otherwise wait out its deadline and be rescued as a failed
+    attempt. Only attempts claimed at least `grace` seconds ago are handed back, so a hold still
+    answering is left alone; the hand-back is guarded by each attempt's token like any other.
+    """
+    worker_id = validate_worker_id(worker_id)
+    listed = set(listed)
+    cutoff = timezone.now() - timedelta(seconds=grace)
+    rows = Task.objects.filter(status=Status.PROCESSING, worker_id=worker_id, started_at__lt=cutoff)
+    unknown = [Held(i, token) for i, token in rows.values_list("id", "lease_token") if Held(i, token) not in listed]
+    return sum(release(unknown)) if unknown else 0
 
 
 def release(helds: Sequence[Held]) -> list[bool]:
