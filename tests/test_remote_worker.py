@@ -16,6 +16,7 @@ import pytest
 from django.db.models import F
 
 import taskflow
+from taskflow.engine.remote import HOLD_ANSWER_GRACE
 from taskflow.exceptions import InvalidTask, LeaseLost
 from taskflow.models import Status, Task
 from taskflow.runtime.remote import ApiClient, HttpChannel, RemoteAttempt, RemoteWorker
@@ -397,6 +398,10 @@ def test_a_beat_hands_back_tasks_whose_hold_answer_was_lost(api_url: str, token:
     client.hold(["test.record"], 3, "lost-host:1:abc")
     assert Task.objects.filter(pk__in=[t.pk for t in tasks], status=Status.PROCESSING).count() == 3
     worker = RemoteWorker(client, ["test.record"], worker_id="lost-host:1:abc", concurrency=1)
+    worker._maybe_beat()  # too soon: the server leaves a hold that may still be answering alone
+    assert Task.objects.filter(pk__in=[t.pk for t in tasks], status=Status.PROCESSING).count() == 3
+    time.sleep(HOLD_ANSWER_GRACE + 0.2)
+    worker._last_beat = 0.0
     worker._maybe_beat()
     for task in tasks:
         assert (row(task).status, row(task).attempts, row(task).worker_id) == (Status.PENDING, 0, "")
