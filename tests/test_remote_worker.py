@@ -418,3 +418,19 @@ def test_a_report_batch_over_the_servers_request_limit_is_split_until_it_fits(re
         assert (row(task).status, len(row(task).result["data"])) == (Status.SUCCESS, 1500 - 12)
     assert (row(too_big).status, row(too_big).attempts) == (Status.FAILED, 1)
     assert "report refused by the server" in row(too_big).status_msg
+
+
+@pytest.mark.xfail(
+    strict=True, reason="the API's beat still extends the listed attempts' deadlines (notes/remote-to-api.md)"
+)
+def test_a_liveness_beat_moves_no_deadline_so_a_stuck_remote_handler_still_times_out(api_url: str, token: str) -> None:
+    task = taskflow.enqueue("test.record", {}, timeout=60)
+    client = ApiClient(api_url, token)
+    worker = RemoteWorker(client, ["test.record"], worker_id="beat-host:1:abc", concurrency=1)
+    assert worker._hold() == (1, True)
+    deadline = row(task).lease_expires_at
+    time.sleep(1.1)
+    worker._maybe_beat()
+    assert row(task).status == Status.PROCESSING and row(task).worker_id == "beat-host:1:abc"
+    # Only the handler's own heartbeat or checkpoint extends it, as for a local worker.
+    assert row(task).lease_expires_at == deadline
