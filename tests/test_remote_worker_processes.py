@@ -167,3 +167,23 @@ def test_two_remote_workers_drain_500_tasks_through_a_server_outage_each_ending_
     assert extra_claims == handed_back
     # Both workers took part.
     assert len({r[3] for rs in runs.values() for r in rs}) == 2
+
+
+def test_sigterm_lets_running_remote_tasks_finish_and_reports_them_before_exiting(
+    gunicorn: Gunicorn, start_remote, run_log: Path
+) -> None:
+    token = api_token("remote-worker", "hold_task")
+    tasks = [taskflow.enqueue("test.sleep", {"seconds": 1.5}) for _ in range(5)]
+    proc = start_remote(gunicorn.url, token, "--types", "test.sleep", "--concurrency", "2", "--grace", "10")
+    wait_until(lambda: len(read_runs(run_log)) >= 2, timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, output(proc)
+
+    started = {r[0] for r in read_runs(run_log) if r[2] == "start"}
+    assert len(started) == 2
+    for task in tasks:
+        got = Task.objects.get(pk=task.pk)
+        # What was running finished and was reported before the exit; nothing else was started.
+        expected = (Status.SUCCESS, 1) if str(task.pk) in started else (Status.PENDING, 0)
+        assert (got.status, got.attempts) == expected
+    assert {r[0] for r in read_runs(run_log) if r[2] == "end"} == started
