@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .engine import registry
 from .exceptions import UnknownTaskType
-from .runtime.remote import AccessDenied, ApiClient, ApiError, RemoteWorker
+from .runtime.remote import RemoteWorker
+from .runtime.remote_client import AccessDenied, ApiClient, ApiError
 
 
 def _positive_int(text: str) -> int:

@@ -26,7 +26,7 @@ def require_liveness_beat(api_url: str, token: str) -> None:
     """
     import pytest
 
-    from taskflow.runtime.remote import ApiClient, Rejected
+    from taskflow.runtime.remote_client import ApiClient, Rejected
 
     try:
         ApiClient(api_url, token).beat("probe-host:1:000000", [])

@@ -19,7 +19,8 @@ import taskflow
 from taskflow.engine.remote import HOLD_ANSWER_GRACE
 from taskflow.exceptions import InvalidTask, LeaseLost
 from taskflow.models import Status, Task
-from taskflow.runtime.remote import ApiClient, HttpChannel, RemoteAttempt, RemoteWorker
+from taskflow.runtime.remote import HttpChannel, RemoteAttempt, RemoteWorker
+from taskflow.runtime.remote_client import ApiClient
 
 from .conftest import REPO, read_runs, run_in_thread, wait_until
 from .remote_support import CuttableProxy, api_token, require_liveness_beat
