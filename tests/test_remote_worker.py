@@ -435,3 +435,21 @@ def test_a_liveness_beat_moves_no_deadline_so_a_stuck_remote_handler_still_times
     assert row(task).status == Status.PROCESSING and row(task).worker_id == "beat-host:1:abc"
     # Only the handler's own heartbeat or checkpoint extends it, as for a local worker.
     assert row(task).lease_expires_at == deadline
+
+
+def test_a_handler_past_its_deadline_loses_its_attempt_and_its_thread_is_replaced(remote, run_log: Path) -> None:
+    stuck = taskflow.enqueue("test.sleep", {"seconds": 5}, timeout=3, max_retries=0)
+    worker = remote(["test.sleep"], concurrency=1)
+    wait_until(lambda: read_runs(run_log), timeout=30)
+    # No heartbeat: past its deadline the attempt ends as a failed one (no retries left: failed).
+    wait_until(lambda: row(stuck).status == Status.FAILED, timeout=15)
+    assert row(stuck).attempts == 1 and "ran past its deadline" in row(stuck).status_msg
+    # Its thread no longer counts: the next task runs while the stuck handler still sleeps.
+    quick = taskflow.enqueue("test.sleep", {"seconds": 0})
+    wait_until(finished(quick), timeout=15)
+    assert [r[2] for r in read_runs(run_log) if r[0] == str(stuck.pk)] == ["start"]
+    # When the stuck handler finally returns, its result is dropped: the task stays as it ended.
+    wait_until(lambda: [r for r in read_runs(run_log) if r[0] == str(stuck.pk) and r[2] == "end"], timeout=15)
+    time.sleep(0.5)
+    assert (row(stuck).status, row(stuck).result, len(row(stuck).schedule_log)) == (Status.FAILED, None, 1)
+    assert worker.in_flight == 0 and worker.unreported == 0

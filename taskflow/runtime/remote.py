@@ -268,6 +268,7 @@ class RemoteWorker:
         # refused): what each liveness beat lists, so the server can hand back what this worker
         # does not know it holds (a hold whose answer was lost).
         self._held: dict[tuple[int, Any], RemoteAttempt] = {}
+        self._overdue: set[tuple[int, Any]] = set()  # running attempts written off past their deadline
         self._last_beat = 0.0
         self._beat_problem = ""
         self._threads: list[threading.Thread] = []
@@ -338,6 +339,7 @@ class RemoteWorker:
     def _hold_loop(self) -> None:
         pause = FIRST_BACKOFF
         while not self._stopping.is_set():
+            self._write_off_overdue()
             idle = self.in_flight == 0 and self.unreported == 0
             try:
                 held, full = self._hold()
@@ -399,10 +401,35 @@ class RemoteWorker:
             finally:
                 with self._lock:
                     self._running.pop(attempt.fence_key, None)
+                    overdue = attempt.fence_key in self._overdue
+                    self._overdue.discard(attempt.fence_key)
+            if overdue:
+                return  # written off when it ran late (its end reported then); another thread took its place
             self._queue_report(report)
             with self._lock:
                 self._in_flight -= 1
             self._wake.set()
+
+    def _write_off_overdue(self) -> None:
+        """End attempts whose handler ran past its deadline without a heartbeat, and replace their threads.
+
+        What taskwatch does to a local worker's overdue attempt, done here because the liveness beat
+        keeps a remote worker's leases alive on the server: the attempt is reported as failed (retried
+        or failed by the task's retry policy), its thread no longer counts (a Python thread cannot be
+        killed: the handler runs on, and whatever it returns is dropped), and a new thread takes its place.
+        """
+        now = time.monotonic()
+        with self._lock:
+            late = [a for a in self._running.values() if a.local_deadline < now and a.fence_key not in self._overdue]
+            for attempt in late:
+                self._overdue.add(attempt.fence_key)
+                self._in_flight -= 1
+        for attempt in late:
+            log.warning("task %s attempt %d ran past its deadline: reported as failed", attempt.id, attempt.attempt)
+            attempt.stop_requested.set()
+            error = f"attempt {attempt.attempt} ran past its deadline without a heartbeat"
+            self._queue_report(RemoteReport(attempt, failure_item(attempt, error)))
+            self._start(f"taskflow-remote-handler-for-{attempt.id}", self._handler_loop)
 
     def _execute(self, attempt: RemoteAttempt) -> RemoteReport:
         """Run the handler and time it; whatever it does or raises becomes the attempt's report."""
@@ -592,12 +619,13 @@ class RemoteWorker:
         started = time.monotonic()
         self._release_unstarted()
         while self.in_flight and time.monotonic() - started < self.grace:
+            self._write_off_overdue()
             self._release_unstarted()
             self._maybe_beat()
             time.sleep(0.05)
         self._release_unstarted()
         with self._lock:
-            unfinished = list(self._running.values())
+            unfinished = [a for a in self._running.values() if a.fence_key not in self._overdue]
         if unfinished:
             # Past the grace period: a counted attempt, retried by the policy, as the local worker does.
             log.warning("grace period over: reporting %d unfinished task(s) as interrupted", len(unfinished))
