@@ -9,3 +9,7 @@ class DocumentForm(forms.ModelForm):
     class Meta:
         model = Document
         fields = ["name", "pages"]
+
+
+class WordCountForm(forms.Form):
+    text = forms.CharField(widget=forms.Textarea(attrs={"rows": 4}), max_length=10_000)

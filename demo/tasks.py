@@ -3,6 +3,8 @@
 import random
 import time
 
+from django.tasks import task
+
 import taskflow
 
 from .models import Document
@@ -56,3 +58,10 @@ def index_document(ctx):
     # Delivery is at-least-once, so the write is one that does no harm when repeated.
     Document.objects.filter(pk=document.pk).update(words=words)
     return {"pages": document.pages, "words": words}
+
+
+@task(max_retries=2, timeout=30)
+def count_words(text: str) -> dict:
+    """A plain Django task (`django.tasks`), run by taskflow since it is the project's TASKS backend."""
+    words = text.split()
+    return {"words": len(words), "longest": max(words, key=len, default="")}

@@ -3,14 +3,16 @@
 from typing import Any
 
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
 
 import taskflow
 from taskflow.models import Status, Task
 
-from .forms import DocumentForm
+from .forms import DocumentForm, WordCountForm
 from .models import Document
+from .tasks import count_words
 
 FINAL = {Status.SUCCESS, Status.FAILED, Status.STOPPED}
 
@@ -55,3 +57,21 @@ def task_status(document: Document) -> dict[str, Any]:
         "message": task.status_msg,
         "done": task.status in FINAL,
     }
+
+
+def word_count(request: HttpRequest) -> HttpResponse:
+    """A form that enqueues a plain Django `@task` (demo.tasks.count_words) through Django's API."""
+    form = WordCountForm(request.POST or None)
+    if form.is_valid():
+        result = count_words.enqueue(form.cleaned_data["text"])
+        return redirect("demo:word_count_result", result_id=result.id)
+    return render(request, "words/index.html", {"form": form})
+
+
+def word_count_result(request: HttpRequest, result_id: str) -> HttpResponse:
+    """The task's result as Django's get_result() shows it; the page reloads itself until it has finished."""
+    try:
+        result = count_words.get_result(result_id)
+    except (TaskResultDoesNotExist, TaskResultMismatch):
+        raise Http404("no such word count") from None
+    return render(request, "words/result.html", {"result": result})

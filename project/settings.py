@@ -101,6 +101,9 @@ TASKFLOW = {
     "REDIS_ALIAS": "default" if REDIS_URL else None,
 }
 
+# Django's own tasks framework (`@task` from django.tasks) runs on taskflow: docs/django-tasks.md.
+TASKS = {"default": {"BACKEND": "taskflow.backends.TaskflowBackend"}}
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -141,7 +144,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Records about one task (a handler's own logging too) name it: task=<id> trace=<trace id>.
+    "filters": {"task": {"()": "taskflow.engine.tasklog.TaskLogFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s task=%(task_id)s trace=%(trace_id)s %(message)s"}
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["task"]}},
     "loggers": {"taskflow": {"handlers": ["console"], "level": os.environ.get("TASKFLOW_LOG_LEVEL", "INFO")}},
 }

@@ -2,8 +2,9 @@
 
 Public API: `enqueue`, `enqueue_many`, `handler`; the operator operations `terminate`,
 `retry_now`, `reschedule`, `set_priority` and `set_max_retries` (each returning an
-`OperationResult`); the handler signals `Snooze`, `PermanentFailure` and `NextStage` (also raised
-by TaskContext's snooze/fail/next_stage); and the errors.
+`OperationResult`); `periodic` (declare a periodic schedule in code); the handler signals
+`Snooze`, `PermanentFailure` and `NextStage` (also raised by TaskContext's snooze/fail/next_stage);
+and the errors.
 
 Importing this package imports no Django model: the engine is loaded on first use, so a remote
 worker can register handlers without Django settings or a database.
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         set_priority,
         terminate,
     )
+    from .engine.periodic import periodic
     from .models import Task
 
 # Loaded on first use (module __getattr__), so `import taskflow` stays free of the ORM.
@@ -43,6 +45,7 @@ _LAZY = {
     name: "taskflow.engine.operations"
     for name in ("OperationResult", "terminate", "retry_now", "reschedule", "set_priority", "set_max_retries")
 }
+_LAZY["periodic"] = "taskflow.engine.periodic"
 
 __all__ = [
     "InvalidTask",
@@ -57,6 +60,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "handler",
+    "periodic",
     "reschedule",
     "retry_now",
     "set_max_retries",

@@ -73,6 +73,10 @@ class TaskflowSettings:
     LEADER_TTL: float = _setting(15.0, 0.1, DAY)
     PURGE_BATCH: int = _setting(1000, 1, 100_000)
 
+    # Periodic schedules, {"<name>": {"task_type": ..., "cron": ... | "every": seconds, ...}}: see
+    # docs/periodic.md. Each is checked by engine.periodic (cron, time zone, ...).
+    PERIODIC: Mapping = field(default_factory=dict, hash=False, metadata={"schedules": True})
+
 
 @dataclass(frozen=True)
 class SettingProblem:
@@ -167,7 +171,14 @@ def _fits_type(value: object, hint: Any) -> bool:
     return isinstance(value, allowed)
 
 
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "True or False", type(None): "None"}
+_TYPE_NAMES = {
+    Mapping: "a dict",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bool: "True or False",
+    type(None): "None",
+}
 
 
 def _type_problem(value: object, hint: Any) -> str:
@@ -186,6 +197,12 @@ def _value_problem(value: object, metadata: Mapping[str, Any]) -> str | None:
     choices = metadata.get("choices")
     if choices is not None and value not in choices:
         return f"must be one of {', '.join(map(repr, choices))}; got {value!r}"
+    if metadata.get("schedules"):
+        # Imported here: the schedule checks use the engine, which needs the models (and so this module).
+        from .engine.periodic import declaration_problems
+
+        problems = declaration_problems(value)  # type: ignore[arg-type]
+        return "; ".join(problems) if problems else None
     pattern = metadata.get("pattern")
     if pattern is not None and not pattern.fullmatch(value):
         return f"must be 1-64 letters, digits, '_', '.' or '-'; got {value!r}"

@@ -22,6 +22,14 @@ class StaleVersion(TaskflowError):
         super().__init__(f"{task_type}/{key}: version {version} is older than the newest known version {newest}")
 
 
+class InvalidSchedule(TaskflowError, ValueError):
+    """A periodic schedule is malformed (bad cron, time zone, interval, ...); `field` names the culprit."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        self.field = field
+        super().__init__(message)
+
+
 class UnknownTaskType(TaskflowError):
     """No handler is registered for a task type."""
 
@@ -118,3 +126,31 @@ class NextStage(TaskControl):
             raise InvalidTask(f"NextStage context must be JSON-serialisable: {exc}") from None
         self.stage, self.context, self.delay, self.priority = stage, context, _seconds("NextStage", delay), priority
         super().__init__(f"next stage {stage!r}")
+
+
+# Why an attempt ended without an exception of its own: named in the attempt's schedule-log entry
+# (and so in a django.tasks result's errors) the way a handler's exception class is.
+class AttemptTimedOut(TaskflowError):
+    """The attempt ran past its deadline without a heartbeat, and taskwatch took it away."""
+
+
+class WorkerLost(TaskflowError):
+    """The worker running the attempt stopped heartbeating, and taskwatch took the attempt away."""
+
+
+class AttemptInterrupted(TaskflowError):
+    """The worker stopped (its grace period ended) before the attempt finished."""
+
+
+class TaskStopped(TaskflowError):
+    """An operator, a newer version or an expiry rule stopped the task."""
+
+
+class InvalidResult(InvalidTask, TypeError):
+    """A task returned a value that is not JSON: the task fails at once, since a retry would do the same."""
+
+
+def class_path(exc: BaseException | type[BaseException]) -> str:
+    """The importable path of an exception's class, e.g. "builtins.ValueError"."""
+    cls = exc if isinstance(exc, type) else type(exc)
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -336,3 +336,102 @@ class TaskEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} #{self.task_id}"
+
+
+class PeriodicTask(models.Model):
+    """A recurring schedule that the taskwatch leader turns into one task per tick (engine/periodic.py).
+
+    Rows come from TASKFLOW["PERIODIC"], from `taskflow.periodic(...)` in code, or from the console.
+    Each tick's task has key "periodic:<name>" and the tick's Unix time as its version.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True, help_text="letters, digits, '_', '.' and '-'")
+    task_type = models.CharField(max_length=100)
+    cron = models.CharField(
+        max_length=200, blank=True, default="", help_text='five fields, e.g. "*/5 * * * *" (or set "every")'
+    )
+    every = models.PositiveIntegerField(null=True, blank=True, help_text="seconds between ticks (or set a cron)")
+    timezone = models.CharField(max_length=64, default="UTC", help_text="the zone the cron is read in")
+    payload = models.JSONField(default=dict, blank=True)
+    priority = models.SmallIntegerField(default=0, help_text="-100..100, higher runs first")
+    catch_up = models.PositiveIntegerField(
+        default=0,
+        help_text="when several ticks are due, run the latest N one after another; 0 = only the latest",
+    )
+    enabled = models.BooleanField(default=True)
+
+    # "settings", "code" or "console"; a declared row follows its declaration whenever that changes
+    # (declared_hash is the declaration last applied), and keeps console edits in between.
+    source = models.CharField(max_length=10, default="console", editable=False)
+    declared_hash = models.CharField(max_length=64, blank=True, default="", editable=False)
+    # Every tick at or before this Unix second was fired or deliberately skipped.
+    settled_until = models.BigIntegerField(default=0, editable=False)
+    next_run_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_run_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="the last fired tick")
+    last_task_id = models.BigIntegerField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "periodic task"
+        indexes = [models.Index(fields=["enabled", "next_run_at"], name="taskflow_periodic_due_idx")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        """The engine's checks on a schedule, each error shown at its field."""
+        from .engine.periodic import schedule_errors
+
+        errors = schedule_errors(self)
+        if errors:
+            raise ValidationError(errors)
+
+
+class TaskStats(models.Model):
+    """The dashboard's rollup of one task type, refreshed by taskwatch (engine/stats.py).
+
+    `totals` only ever grows (finished minutes are added once), so the metrics' counters built
+    from it never go backwards.
+    """
+
+    task_type = models.CharField(max_length=100, primary_key=True)
+    counts = models.JSONField(default=dict, blank=True, help_text="tasks by status when last counted")
+    counted_at = models.DateTimeField(null=True, blank=True)
+    count_seconds = models.FloatField(default=0.0, help_text="how long the last count took")
+    in_flight = models.PositiveIntegerField(default=0)
+    # The due time of the next pending task to be claimed (the head of the queue), if one is due.
+    oldest_pending_since = models.DateTimeField(null=True, blank=True)
+    # Minutes before this are final and added to `totals`.
+    rolled_until = models.DateTimeField(null=True, blank=True)
+    totals = models.JSONField(default=dict, blank=True)
+    refreshed_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "task statistics"
+        verbose_name_plural = "task statistics"
+
+    def __str__(self) -> str:
+        return f"stats of {self.task_type}"
+
+
+class TaskStatsMinute(models.Model):
+    """What one task type finished in one minute (by finish time), and how long those attempts ran."""
+
+    task_type = models.CharField(max_length=100)
+    minute = models.DateTimeField()
+    completed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    stopped = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveBigIntegerField(default=0, help_text="attempts run by the tasks finished")
+    # Counts per bucket of engine.stats.RUN_TIME_BOUNDS_MS (plus one past the last bound).
+    run_time_buckets = models.JSONField(default=list, blank=True)
+    run_time_sum_ms = models.FloatField(default=0.0)
+
+    class Meta:
+        verbose_name = "task statistics minute"
+        constraints = [models.UniqueConstraint(fields=["task_type", "minute"], name="taskflow_statsminute_key")]
+        indexes = [models.Index(fields=["minute"], name="taskflow_statsminute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.task_type} {self.minute:%Y-%m-%d %H:%M}"

@@ -23,3 +23,5 @@ TASKFLOW = {
     "LEADER_TTL": 2.0,
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Two queues, so the django.tasks backend's queue selection is exercised (tests/test_backend*.py).
+TASKS = {"default": {"BACKEND": "taskflow.backends.TaskflowBackend", "QUEUES": ["default", "other"]}}

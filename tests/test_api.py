@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 
 import pytest
@@ -458,3 +459,12 @@ def test_the_written_out_task_representation_is_what_drf_would_write() -> None:
         assert serializer.data == generic
         assert list(serializer.data) == list(generic)
     assert HeldTaskSerializer(task).data["lease"] == claimed.lease_token
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("taskflow.engine.stats") is not None,
+    reason="taskflow.engine.stats is installed (tests/test_api_stats.py covers the endpoint)",
+)
+def test_stats_without_the_stats_module_is_a_json_404(producer: Api) -> None:
+    status, body = producer.get("/api/stats/")
+    assert (status, error_of(body)) == (404, "not_found")

@@ -151,6 +151,7 @@ def test_a_checkpoint_alone_saves_progress_and_extends_the_lease(worker: Api) ->
     Task.objects.filter(pk=int(held["task_id"])).update(lease_expires_at=timezone.now() + timedelta(seconds=5))
     status, body = report(worker, held, checkpoint={"done": 10})
     assert status == 200 and body["checkpoint"] == {"done": 10} and body["status"] == "processing"
+    assert body["lease"] == held["lease"] and body["lease_expires_at"] > held["lease_expires_at"]
     assert row(held).lease_expires_at > timezone.now() + timedelta(seconds=50)
 
 

@@ -1,9 +1,10 @@
 """The operator console, in the Django admin: tasks to inspect and steer, types, workers, history.
 
 One module per page: tasks.py (list and task page), actions.py (the operations and their
-confirmation page), configs.py (task types), workers.py, events.py (the audit trail),
-coordination.py (leases, rolling positions). listing.py keeps every list fast at millions of rows;
-filters.py holds the task list's filters, display.py how values are shown.
+confirmation page), configs.py (task types), periodic.py (schedules), workers.py, events.py (the
+audit trail), coordination.py (leases, rolling positions), dashboard.py (per-type numbers and
+charts, from the rollup in engine/stats.py; charts.py draws them as SVG). listing.py keeps every
+list fast at millions of rows; filters.py holds the task list's filters, display.py how values are shown.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from django.contrib import admin
 
 from .configs import ScheduleCfgAdmin
 from .coordination import LockAdmin, SchedulePosAdmin
+from .dashboard import install as install_dashboard
 from .events import TaskEventAdmin
+from .periodic import PeriodicTaskAdmin
 from .tasks import TaskAdmin
 from .workers import WorkerProcessAdmin
 
@@ -20,10 +23,12 @@ admin.site.site_header = "taskflow console"
 admin.site.site_title = "taskflow"
 admin.site.index_title = "Tasks, workers and schedule configuration"
 
-# The dashboard (dashboard.py) hooks its URLs in here.
+# The dashboard: its URL (/admin/taskflow/dashboard/) and its entry in the index.
+install_dashboard(admin.site)
 
 __all__ = [
     "LockAdmin",
+    "PeriodicTaskAdmin",
     "ScheduleCfgAdmin",
     "SchedulePosAdmin",
     "TaskAdmin",

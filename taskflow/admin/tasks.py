@@ -6,6 +6,7 @@ never through a model form that could overwrite a worker's concurrent report.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin
@@ -19,6 +20,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from ..engine.operations import applicable
+from ..engine.periodic import MANUAL_SUFFIX, schedule_of
 from ..engine.validation import MAX_BIGINT
 from ..models import Status, Task, TaskEvent
 from . import display
@@ -178,6 +180,7 @@ class TaskAdmin(ReadOnlyAdmin):
             )
         events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("-at", "-id")[:EVENTS_SHOWN])
         return {
+            **periodic_context(task),
             "task_actions": actions,
             "attempts_log": attempts_log(task),
             "other_versions": versions,
@@ -228,6 +231,16 @@ class TaskAdmin(ReadOnlyAdmin):
     @admin.display(description="result")
     def result_block(self, task: Task) -> str:
         return display.pretty_json(task.result)
+
+
+def periodic_context(task: Task) -> dict[str, Any]:
+    """The schedule that fired the task (a tick, or "run now"), for the task page."""
+    schedule = schedule_of(task)
+    if schedule is None:
+        return {}
+    run_now = bool(task.key and task.key.endswith(MANUAL_SUFFIX))
+    tick = None if run_now else datetime.fromtimestamp(task.version, UTC)
+    return {"periodic_schedule": schedule, "periodic_run_now": run_now, "periodic_tick": tick}
 
 
 def attempts_log(task: Task) -> list[dict[str, Any]]:

@@ -189,7 +189,7 @@ class TaskSetView(ApiView):
     @extend_schema(
         operation_id="tasks_set",
         request=s.SetSerializer,
-        responses={200: s.TaskSerializer, **errors(400, 404, 409, 413)},
+        responses={200: s.HeldTaskSerializer, **errors(400, 404, 409, 413)},
     )
     def post(self, request: Request, task_id: str) -> Response:
         """A worker's report on its attempt (with `lease`), or one operator change (without)."""
@@ -213,7 +213,7 @@ class TaskSetView(ApiView):
             if not result.changed:
                 why = ", ".join(sorted(result.skipped)) or "nothing to change"
                 raise NotApplicable(f"{result.action} does not apply to task {task.id}: {why}")
-        return Response(s.TaskSerializer(load_task(task_id)).data)
+        return Response(s.HeldTaskSerializer(load_task(task_id)).data)  # with the lease: a checkpoint's new deadline
 
 
 # -- batches for remote workers ----------------------------------------------------------------------------
@@ -378,7 +378,8 @@ class ScheduleCfgView(ApiView):
 
 
 class StatsQuerySerializer(s.StrictSerializer):
-    window_s = drf.IntegerField(min_value=1, max_value=7 * 86400, required=False)
+    # The stats rollup keeps whole minutes for a day (taskflow.engine.stats.MAX_WINDOW_S).
+    window_s = drf.IntegerField(min_value=60, max_value=86400, required=False)
 
 
 class StatsView(ApiView):
@@ -386,11 +387,20 @@ class StatsView(ApiView):
 
     @extend_schema(
         operation_id="stats",
-        parameters=[OpenApiParameter("window_s", int, description="seconds of finished tasks the rates cover")],
-        responses={200: OpenApiTypes.OBJECT, **errors(400)},
+        parameters=[
+            OpenApiParameter(
+                "window_s", int, description="seconds of finished tasks the rates cover, 60 to 86400 (default 3600)"
+            )
+        ],
+        responses={200: OpenApiTypes.OBJECT, **errors(400, 404)},
     )
     def get(self, request: Request) -> Response:
         """Per-type counts, oldest pending age, success rate and run times: the console's numbers."""
         query = valid(StatsQuerySerializer, request.query_params.dict())
-        stats = import_module("taskflow.engine.stats")  # the dashboard's module, loaded when first asked for
+        try:
+            stats = import_module("taskflow.engine.stats")  # the dashboard's module, loaded when first asked for
+        except ModuleNotFoundError as exc:
+            if exc.name != "taskflow.engine.stats":
+                raise
+            raise NotFound("stats are not available in this version of taskflow") from None
         return Response(stats.current(**query))

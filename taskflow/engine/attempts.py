@@ -120,7 +120,8 @@ class Report:
     outcome: Outcome
     result: Any = None
     error: str = ""
-    detail: str = ""  # traceback, kept in status_msg
+    detail: str = ""  # traceback, kept in status_msg (and the end of it in the schedule log)
+    exception: str = ""  # the class path of what ended the attempt, if it failed ("builtins.ValueError")
     delay: float = 0.0
     next_stage: NextStage | None = None
     cost_ms: int = 0
@@ -173,3 +174,45 @@ def lost_attempts(attempts: list[ClaimedTask]) -> list[ClaimedTask]:
         Task.objects.filter(id__in=[a.id for a in attempts], status=Status.PROCESSING).values_list("id", "lease_token")
     )
     return [a for a in attempts if (a.id, a.lease_token) not in held]
+
+
+# Outcomes of an attempt that ran and failed (a schedule-log entry's "outcome").
+FAILED_OUTCOMES = frozenset({Outcome.ERROR, Outcome.FAIL, Outcome.RESCUED, Outcome.TERMINATED})
+
+
+@dataclass(frozen=True)
+class PastAttempt:
+    """One attempt as its task's schedule log recorded it."""
+
+    attempt: int
+    worker_id: str
+    started_at: datetime | None
+    outcome: str
+    error: str
+    exception: str  # class path; "" for attempts that did not fail, and for entries older than this field
+    traceback: str
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in FAILED_OUTCOMES
+
+
+def past_attempts(schedule_log: list[dict[str, Any]] | None) -> list[PastAttempt]:
+    """The attempts a schedule log holds (its last SCHEDULE_LOG_SIZE entries), oldest first; snoozes excluded."""
+    attempts = []
+    for entry in reversed(schedule_log or []):
+        if entry.get("outcome") == Outcome.SNOOZE:
+            continue
+        started = entry.get("started_at")
+        attempts.append(
+            PastAttempt(
+                attempt=entry.get("attempt", 0),
+                worker_id=entry.get("worker", ""),
+                started_at=datetime.fromisoformat(started) if started else None,
+                outcome=entry.get("outcome", ""),
+                error=entry.get("error", ""),
+                exception=entry.get("exception", ""),
+                traceback=entry.get("traceback", ""),
+            )
+        )
+    return attempts

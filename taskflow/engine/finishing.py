@@ -30,7 +30,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connection, tran
 from django.utils import timezone
 
 from ..models import ScheduleCfg, Status
-from . import sql, wakeup
+from . import sql, tasklog, wakeup
 from .attempts import Outcome, Report
 from .configs import configs
 from .limiter import Limiter
@@ -93,7 +93,7 @@ def _changes(report: Report, cfg: ScheduleCfg, now: datetime) -> dict[str, Any]:
         return row_changes(report, cfg, now)
     except Exception as exc:  # a report carrying something the state machine cannot use
         reason = f"its end could not be recorded: {type(exc).__name__}: {exc}"
-        log.warning("task %s: %s; the task is failed", report.task.id, reason)
+        log.warning("task %s: %s; the task is failed", report.task.id, reason, extra=tasklog.about(report.task))
         return row_changes(_failure(report, reason), cfg, now)
 
 
@@ -149,7 +149,7 @@ def _fail_refused(
     """Fail the task of a refused report with the database's message: the smallest write there is."""
     refused_by = "the database refused" if isinstance(exc, DatabaseError) else "could not write"
     reason = f"{refused_by} this attempt's report: {type(exc).__name__}: {exc}"
-    log.warning("task %s: %s; the task is failed", report.task.id, reason)
+    log.warning("task %s: %s; the task is failed", report.task.id, reason, extra=tasklog.about(report.task))
     changes = row_changes(_failure(report, reason), cfgs[report.task.task_type], now)
     try:
         written = _write(table, [(report, changes)], guard, now)
@@ -162,6 +162,7 @@ def _fail_refused(
             report.task.id,
             type(again).__name__,
             again,
+            extra=tasklog.about(report.task),
         )
         return
     if written:
@@ -213,6 +214,7 @@ def _chunks(rows: list[Row]) -> Iterator[list[Row]]:
 def _estimated_bytes(row: Row) -> int:
     report, changes = row
     size = ROW_BYTES + len(changes.get("status_msg", ""))
+    size += sum(len(entry.get("traceback", "")) for entry in changes.get("schedule_log", ()))
     if changes.get("result") is not None:
         # The worker measured its result when it checked it; others (rare) are measured here.
         size += report.result_size if report.result_size is not None else len(json.dumps(changes["result"]))

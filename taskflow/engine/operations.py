@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ..exceptions import InvalidTask
+from ..exceptions import InvalidTask, TaskStopped, class_path
 from ..models import ScheduleCfg, Status, Task, TaskEvent, TaskKey
 from . import sql, wakeup
 from .attempts import ClaimedTask, Outcome, Report
@@ -353,7 +353,8 @@ def _apply_batch(
 
 def _terminated(row: dict[str, Any], batch: _Batch) -> Report:
     attempt = ClaimedTask.running(row, batch.cfg(row), batch.now)
-    return Report(attempt, Outcome.TERMINATED, error=_message("stopped", batch.actor, batch.reason))
+    reason = _message("stopped", batch.actor, batch.reason)
+    return Report(attempt, Outcome.TERMINATED, error=reason, exception=class_path(TaskStopped))
 
 
 def _diff(row: dict[str, Any], changes: dict[str, Any]) -> dict[str, list[Any]]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ..exceptions import InvalidTask, LeaseLost, NextStage
@@ -102,7 +102,7 @@ def hold(task_types: Sequence[str], limit: int, worker_id: str) -> list[ClaimedT
         raise InvalidTask(f"limit must be an integer from 1 to {MAX_HOLD}; got {limit!r}")
     host = worker_host(worker_id)
     # Before claiming: an attempt whose worker has no liveness row is soon rescued.
-    workers.beat(worker_id, host or "remote", types, limit, pid=0)
+    _register(worker_id, types, limit)
     cfgs = configs.get_many(types)
     limiter = _shared_limiter()
     random.shuffle(types)  # no type always goes first when the limit is small
@@ -163,8 +163,7 @@ def finish(reports: Sequence[RemoteReport]) -> list[bool]:
 
 def beat(worker_id: str) -> None:
     """Record that remote worker `worker_id` is alive (a heartbeat that names it, holding tasks or not)."""
-    worker_id = validate_worker_id(worker_id)
-    workers.beat(worker_id, worker_host(worker_id) or "remote", [], 0, pid=0)
+    _register(validate_worker_id(worker_id))
 
 
 def hand_back_unlisted(worker_id: str, listed: Iterable[Held], *, grace: float = HOLD_ANSWER_GRACE) -> int:
@@ -226,4 +225,14 @@ def _report(attempt: ClaimedTask, remote: RemoteReport) -> Report:
 
 def _beat(worker_ids: set[str]) -> None:
     for worker_id in sorted(worker_ids):
-        workers.beat(worker_id, worker_host(worker_id) or "remote", [], 0, pid=0)
+        _register(worker_id)
+
+
+def _register(worker_id: str, task_types: list[str] | None = None, concurrency: int = 0) -> None:
+    """A liveness beat of a remote worker, which has no pid here; registered on its first call."""
+    beat = (worker_id, worker_host(worker_id) or "remote", task_types or [], concurrency)
+    try:
+        with transaction.atomic():
+            workers.beat(*beat, pid=0)
+    except IntegrityError:  # two of its requests registered it at once: the other one did
+        workers.beat(*beat, pid=0)

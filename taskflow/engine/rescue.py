@@ -22,6 +22,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from ..conf import get_settings
+from ..exceptions import AttemptTimedOut, WorkerLost, class_path
 from ..models import Status, Task, WorkerProcess
 from . import sql, workers
 from .attempts import ClaimedTask, Outcome, Report
@@ -64,7 +65,7 @@ def rescue_dead_workers(now: datetime | None = None, keep_going: KeepGoing = _al
     def reason(row: dict[str, Any]) -> str:
         return f"worker {row['worker_id']} stopped heartbeating"
 
-    outcomes, dead = _rescue(lost, guard, reason, now, keep_going)
+    outcomes, dead = _rescue(lost, guard, reason, now, keep_going, WorkerLost)
     total = sum(outcomes.values())
     if total:
         log.info(
@@ -87,7 +88,7 @@ def rescue_expired_attempts(now: datetime | None = None, keep_going: KeepGoing =
         return f"attempt {row['attempts']} ran past its deadline without a heartbeat"
 
     # Guarded on the deadline too: a heartbeat between our read and our UPDATE keeps the task.
-    outcomes, _ = _rescue(expired, sql.Guard.past_deadline(), reason, now, keep_going)
+    outcomes, _ = _rescue(expired, sql.Guard.past_deadline(), reason, now, keep_going, AttemptTimedOut)
     total = sum(outcomes.values())
     if total:
         log.info(
@@ -105,6 +106,7 @@ def _rescue(
     reason: Callable[[dict[str, Any]], str],
     now: datetime,
     keep_going: KeepGoing,
+    cause: type[Exception],
 ) -> tuple[Counter[str], set[str]]:
     """Rescue the attempts `lost` selects, in batches; returns new statuses counted, and the workers."""
     outcomes: Counter[str] = Counter()
@@ -113,7 +115,7 @@ def _rescue(
         rows = [dict(zip(_COLUMNS, r, strict=True)) for r in lost.values_list(*_COLUMNS)[:RESCUE_BATCH]]
         if not rows:
             break
-        reports = [rescue_report(row, reason(row), now) for row in rows]
+        reports = [rescue_report(row, reason(row), now, cause) for row in rows]
         accepted = finish_attempts(reports, guard=guard, now=now)
         for report in accepted:
             owners.add(report.task.worker_id)
@@ -124,9 +126,11 @@ def _rescue(
     return outcomes, owners
 
 
-def rescue_report(row: dict[str, Any], reason: str, now: datetime) -> Report:
-    """The end of a lost attempt as a rescue reports it: a failed attempt (already counted at claim)."""
+def rescue_report(
+    row: dict[str, Any], reason: str, now: datetime, cause: type[Exception] = AttemptTimedOut
+) -> Report:
+    """The end of a lost attempt as a rescue reports it: a failed attempt (already counted at claim), named `cause`."""
     attempt = ClaimedTask.running(row, configs.get(row["task_type"]), now)
     started = attempt.claimed_at
     cost_ms = max(0, int((now - started).total_seconds() * 1000))
-    return Report(attempt, Outcome.RESCUED, error=f"rescued: {reason}", cost_ms=cost_ms)
+    return Report(attempt, Outcome.RESCUED, error=f"rescued: {reason}", exception=class_path(cause), cost_ms=cost_ms)

@@ -148,7 +148,10 @@ def datetime_from_db() -> Adapter:
     if connection.vendor == "postgresql":
         return lambda value: value  # already aware
     if connection.vendor == "sqlite":
-        return lambda value: parse_datetime(value).replace(tzinfo=UTC) if isinstance(value, str) else value
+        # Text, or a naive datetime where Django's sqlite3 converters already parsed it: UTC either way.
+        return lambda value: None if value is None else (
+            parse_datetime(value) if isinstance(value, str) else value
+        ).replace(tzinfo=UTC)
     return lambda value: None if value is None else value.replace(tzinfo=UTC)  # MySQL: naive UTC
 
 
@@ -329,6 +332,45 @@ def _task_key_statements(vendor: str) -> tuple[str, str]:
         f"RETURNING {qn('version')}"
     )
     return f"{insert} ON CONFLICT DO NOTHING", update
+
+
+# What a task's outcome is read from (a django.tasks result): its identity, state, data and attempts.
+OUTCOME_COLUMNS = (
+    "id",
+    "task_type",
+    "key",
+    "version",
+    "priority",
+    "status",
+    "status_msg",
+    "payload",
+    "result",
+    "attempts",
+    "max_retries",
+    "timeout",
+    "worker_id",
+    "schedule_log",
+    "created_at",
+    "started_at",
+    "finished_at",
+)
+
+
+def read_outcome(table: str, task_id: int) -> dict[str, Any] | None:
+    """OUTCOME_COLUMNS of one task, or None: one SELECT without the ORM, as it is read at every attempt."""
+    columns = ", ".join(column(name) for name in OUTCOME_COLUMNS)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {columns} FROM {quote(table)} WHERE {quote('id')} = %s", [task_id])
+        values = cursor.fetchone()
+    if values is None:
+        return None
+    row = dict(zip(OUTCOME_COLUMNS, values, strict=True))
+    for name in ("payload", "result", "schedule_log"):
+        row[name] = json_from_db(row[name])
+    to_datetime = datetime_from_db()
+    for name in ("created_at", "started_at", "finished_at"):
+        row[name] = to_datetime(row[name])
+    return row
 
 
 def find_task(table: str, task_type: str, key: str, version: int) -> Task | None:

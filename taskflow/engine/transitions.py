@@ -21,6 +21,9 @@ from .attempts import Outcome, Report
 from .retry import RetryPolicy
 
 MAX_MESSAGE = 4000
+# The end of a failed attempt's traceback kept in its schedule-log entry (where the exception is
+# named); the whole of the last one is in status_msg.
+MAX_LOG_TRACEBACK = 2000
 
 
 def order_time(run_after: datetime, priority: int, aging: float) -> datetime:
@@ -39,6 +42,10 @@ def row_changes(report: Report, cfg: ScheduleCfg, now: datetime, rand: Any = Non
         "outcome": str(report.outcome),
         "error": report.error[:500],
     }
+    if report.exception:
+        # Per attempt, so every failed attempt can be shown with its exception (django.tasks errors).
+        entry["exception"] = report.exception[:200]
+        entry["traceback"] = (report.detail or f"{report.exception}: {report.error}\n")[-MAX_LOG_TRACEBACK:]
     changes: dict[str, Any] = {
         "schedule_log": [entry, *task.schedule_log][:SCHEDULE_LOG_SIZE],
         "lease_expires_at": None,

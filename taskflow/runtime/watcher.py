@@ -16,9 +16,10 @@ from datetime import datetime
 from django.db import DatabaseError, close_old_connections
 
 from ..conf import get_settings
-from ..engine import limiter
+from ..engine import limiter, periodic
 from ..engine.expiry import expire_successes, fail_stale_pending, purge_finished
 from ..engine.rescue import rescue_dead_workers, rescue_expired_attempts
+from ..engine.stats import refresh as refresh_stats
 from ..engine.workers import reap_dead_worker_rows
 from . import connections
 from .leadership import Leadership
@@ -31,12 +32,14 @@ Duty = Callable[[datetime | None, KeepGoing], int]
 # Order matters: rescue before reaping worker rows, and dead workers before deadlines so the log
 # says the more useful reason.
 DUTIES: tuple[tuple[str, Duty], ...] = (
+    ("fire_periodic_tasks", periodic.fire_periodic_tasks),
     ("rescue_dead_workers", rescue_dead_workers),
     ("rescue_expired_attempts", rescue_expired_attempts),
     ("fail_stale_pending", fail_stale_pending),
     ("expire_successes", expire_successes),
     ("purge_finished", purge_finished),
     ("reap_dead_worker_rows", reap_dead_worker_rows),
+    ("refresh_stats", refresh_stats),
 )
 
 

@@ -30,13 +30,21 @@ from django.db import DatabaseError, DataError, IntegrityError, close_old_connec
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..engine import registry, validation, wakeup
+from ..engine import registry, tasklog, validation, wakeup
 from ..engine.attempts import ClaimedTask, DatabaseChannel, Outcome, Report, lost_attempts
 from ..engine.claiming import claim_batch
 from ..engine.configs import configs
 from ..engine.finishing import finish_attempts
 from ..engine.limiter import Limiter
-from ..exceptions import InvalidTask, LeaseLost, NextStage, PermanentFailure, Snooze
+from ..exceptions import (
+    AttemptInterrupted,
+    InvalidTask,
+    LeaseLost,
+    NextStage,
+    PermanentFailure,
+    Snooze,
+    class_path,
+)
 from . import connections
 from .context import TaskContext
 from .liveness import LivenessBeat
@@ -308,7 +316,12 @@ class Worker:
                 self._in_flight -= 1
             stuck = len(self._stuck)
         for task in late:
-            log.warning("task %s attempt %d is past its deadline: its thread is replaced", task.id, task.attempt)
+            log.warning(
+                "task %s attempt %d is past its deadline: its thread is replaced",
+                task.id,
+                task.attempt,
+                extra=tasklog.about(task),
+            )
             self._spawn_handler(f"taskflow-handler-for-{task.id}")
         if stuck > self.max_stuck and self._failure is None:
             log.error("%d handler thread(s) stuck (max %d): stopping for a restart", stuck, self.max_stuck)
@@ -339,7 +352,8 @@ class Worker:
             self._running[task.id] = task
         started = time.perf_counter()
         try:
-            report = self._run_handler(task)
+            with tasklog.running(task):
+                report = self._run_handler(task)
         finally:
             with self._lock:
                 # The same task may run again here after a rescue while this stuck attempt lingered.
@@ -358,11 +372,16 @@ class Worker:
         except InvalidTask as exc:
             # Bad input from the handler (a malformed signal, a result that cannot be stored, a bad
             # enqueue): another attempt would do the same, so the task fails now, and only it.
-            return Report(task, Outcome.FAIL, error=f"{type(exc).__name__}: {exc}", detail=_traceback())
+            return Report(task, Outcome.FAIL, error=_error(exc), detail=_traceback(), exception=class_path(exc))
         except BaseException as exc:  # SystemExit too: a handler must not end its thread
             if isinstance(exc, DatabaseError) and not isinstance(exc, (DataError, IntegrityError)):
                 connections.suspect_all()  # the server may have gone away for every thread
-            return Report(task, Outcome.ERROR, error=f"{type(exc).__name__}: {exc}", detail=_traceback())
+            if isinstance(exc, KeyboardInterrupt):
+                # Someone wants the process to end (as Django's own backends let it): the attempt
+                # counts as failed, and the worker stops gracefully.
+                log.warning("task %s raised KeyboardInterrupt: the worker stops", task.id)
+                self.request_stop()
+            return Report(task, Outcome.ERROR, error=_error(exc), detail=_traceback(), exception=class_path(exc))
 
     def _outcome(self, task: ClaimedTask) -> Report:
         try:
@@ -458,7 +477,12 @@ class Worker:
             log.warning("grace period over: requeueing %d unfinished task(s)", len(unfinished))
             for task in unfinished:
                 self._queue_report(
-                    Report(task, Outcome.ERROR, error="interrupted: the worker stopped before it finished")
+                    Report(
+                        task,
+                        Outcome.ERROR,
+                        error="interrupted: the worker stopped before it finished",
+                        exception=class_path(AttemptInterrupted),
+                    )
                 )
         deadline = time.monotonic() + 10
         while self.unreported and time.monotonic() < deadline and self._reporter.is_alive():
@@ -472,6 +496,10 @@ class Worker:
         # whatever it could not report.
         self._liveness.stop(forget=self._failure is None)
         close_old_connections()
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _traceback() -> str:

@@ -209,13 +209,43 @@ def test_staff_without_operate_task_see_no_actions(console: Console, make_user) 
 
 
 def test_dashboard(console: Console, make_user) -> None:  # noqa: ANN001
-    """PLACEHOLDER for the dashboard helper: open /admin/taskflow/dashboard/ and take its screenshot.
+    """From the index to the dashboard: numbers and a chart per type; a number leads to its tasks."""
+    from datetime import timedelta
 
-    Skipped while the dashboard answers 404; its owner replaces the body with real checks.
-    """
-    make_user("olga", *OPERATOR, superuser=True)
-    console.login("olga")
-    console.open("/admin/taskflow/dashboard/")
-    if "Not Found" in console.driver.title or "404" in console.driver.title or "Page not found" in console.text():
-        pytest.skip("no dashboard yet (/admin/taskflow/dashboard/ answers 404)")
+    from django.utils import timezone
+
+    from taskflow.engine import stats
+
+    now = timezone.now()
+    outcomes = {T: (40, 4), OTHER: (25, 7)}  # (succeeded, failed) over the last hour
+    failed_ids = set()
+    for task_type, (ok, bad) in outcomes.items():
+        for i in range(ok + bad):
+            task = taskflow.enqueue(task_type, {"n": i})
+            ended = now - timedelta(minutes=(i * 7) % 58, seconds=i % 50)
+            status = Status.FAILED if i < bad else Status.SUCCESS
+            run = timedelta(milliseconds=40 + (i * 37) % 900)
+            Task.objects.filter(pk=task.pk).update(status=status, started_at=ended - run, finished_at=ended)
+            if task_type == OTHER and status == Status.FAILED:
+                failed_ids.add(task.pk)
+    taskflow.enqueue(OTHER, {"waiting": True})
+    ScheduleCfg.objects.filter(pk=OTHER).update(concurrency_limit=4, paused=True)
+    stats.refresh()
+    make_user("dana", "view_task", "view_schedulecfg")
+
+    console.login("dana")
+    console.follow_link("Dashboard")  # its entry in the index
+    assert console.driver.current_url.endswith("/admin/taskflow/dashboard/")
+    other = console.find('div.tf-type[data-task-type="test.record"]')
+    assert other.find_element(console.by.CSS_SELECTOR, "a.tf-count-failed").text == "7"
+    assert other.find_element(console.by.CSS_SELECTOR, "a.tf-completed").text == "25"
+    assert "paused" in other.find_element(console.by.CSS_SELECTOR, "h2").text
+    assert len(other.find_elements(console.by.CSS_SELECTOR, "svg.tf-chart rect")) >= 10
+    noop = console.find('div.tf-type[data-task-type="test.noop"]')
+    assert noop.find_element(console.by.CSS_SELECTOR, "a.tf-rate").text == f"{40 / 44 * 100:.1f} %"
     console.screenshot("dashboard")
+
+    console.follow('div.tf-type[data-task-type="test.record"] a.tf-count-failed')
+    rows = console.all("#result_list tbody tr")
+    assert len(rows) == 7
+    assert {int(r.find_element(console.by.CSS_SELECTOR, "th, td.field-id").text) for r in rows} == failed_ids

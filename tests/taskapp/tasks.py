@@ -148,3 +148,5 @@ def until_stopped(ctx):
         time.sleep(0.05)
     record(ctx, "end")
     return {"finished": True}
+
+from . import djtasks  # noqa: E402,F401 - the django.tasks functions, found by the worker like handlers

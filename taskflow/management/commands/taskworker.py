@@ -3,6 +3,7 @@ import signal
 from django.core.management.base import BaseCommand, CommandError
 
 from taskflow.exceptions import UnknownTaskType
+from taskflow.runtime.django_tasks import select_task_types
 from taskflow.runtime.worker import Worker, WorkerFailed
 
 
@@ -25,17 +26,30 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:  # noqa: ANN001
         parser.add_argument("--concurrency", type=positive_int, default=8, help="handler threads (default 8)")
-        parser.add_argument("--types", default="", help="comma-separated task types (default: all registered)")
+        parser.add_argument(
+            "--types",
+            default="",
+            help="comma-separated task types and django.tasks module paths (default: all registered and all @task)",
+        )
+        parser.add_argument(
+            "--queues", default="", help="comma-separated django.tasks queue names (default: those TASKS allows)"
+        )
         parser.add_argument("--burst", action="store_true", help="drain what is due, then exit")
         parser.add_argument(
             "--grace", type=non_negative_float, default=None, help="seconds running tasks get to finish on shutdown"
         )
 
     def handle(self, *args, **options) -> None:  # noqa: ANN002, ANN003
-        types = [t.strip() for t in options["types"].split(",") if t.strip()] or None
+        types = [t.strip() for t in options["types"].split(",") if t.strip()]
+        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         try:
-            worker = Worker(types, concurrency=options["concurrency"], burst=options["burst"], grace=options["grace"])
-        except (UnknownTaskType, ValueError) as exc:
+            worker = Worker(
+                select_task_types(types, queues),
+                concurrency=options["concurrency"],
+                burst=options["burst"],
+                grace=options["grace"],
+            )
+        except (UnknownTaskType, ValueError) as exc:  # InvalidTask too: a queue name no task type can hold
             raise CommandError(str(exc)) from None
 
         def stop(signum, frame) -> None:  # noqa: ANN001

@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('taskflow', '0006_console_indexes'),
+        ('taskflow', '0008_dashboard'),
     ]
 
     operations = [

@@ -1,0 +1,149 @@
+"""The dashboard (/admin/taskflow/dashboard/): per task type, the rollup's numbers and charts.
+
+Everything shown comes from `engine.stats.current()`, which reads the small rollup taskwatch
+refreshes every pass, so the page costs the same at any number of tasks. Every number links to
+the task list filtered to the tasks it counts (the list's own query parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+
+from ..conf import get_settings
+from ..engine import stats
+from ..models import Status, Task
+from . import charts, display
+
+VIEW_PERMISSION = "taskflow.view_task"
+WINDOW_S = 3600
+URL_NAME = "taskflow_dashboard"
+
+
+def dashboard_view(request: HttpRequest, site: admin.AdminSite = admin.site) -> TemplateResponse:
+    """The dashboard page; staff only (admin_view), and `view_task` to see tasks' numbers."""
+    if not request.user.has_perm(VIEW_PERMISSION):
+        raise PermissionDenied
+    data = stats.current(WINDOW_S)
+    list_url = display.tasks_url()
+    generated = datetime.fromisoformat(data["generated_at"])
+    # Refreshed every pass: older than a few passes means no taskwatch leads.
+    stale_after = max(60.0, 3 * get_settings().WATCH_INTERVAL)
+    age = (timezone.now() - generated).total_seconds()
+    context = {
+        **site.each_context(request),
+        "title": "Dashboard",
+        "opts": Task._meta,
+        "cards": [_card(task_type, numbers, list_url) for task_type, numbers in data["types"].items()],
+        "generated": generated,
+        "stale": age > stale_after,
+        "refreshed_ago": display.age(generated),
+        "window_minutes": WINDOW_S // 60,
+        "tasks_url": list_url,
+    }
+    return TemplateResponse(request, "taskflow/dashboard.html", context)
+
+
+def _local(when: datetime) -> str:
+    """A time as the list's time filters read it (the current time zone, to the microsecond)."""
+    return timezone.localtime(when).strftime("%Y-%m-%dT%H:%M:%S.%f")
+
+
+def _card(task_type: str, n: dict[str, Any], list_url: str) -> dict[str, Any]:
+    """What one type's panel shows: each number with the list of the tasks behind it."""
+    minutes = n["per_minute"]
+    since = datetime.fromisoformat(minutes[0]["minute"]) if minutes else timezone.now()
+
+    def tasks(**filters: str) -> str:
+        # One reverse() per page, not one per link: a page has hundreds (a bar per minute and type).
+        return f"{list_url}?{urlencode({'task_type': task_type, **filters})}"
+
+    def finished(status: str | None = None, start: datetime = since, end: datetime | None = None) -> str:
+        filters = {"finished_from": _local(start)}
+        if end is not None:
+            filters["finished_to"] = _local(end)
+        if status:
+            filters["status__exact"] = status
+        return tasks(**filters)
+
+    def minute_link(m: dict[str, Any], status: str) -> str:
+        start = datetime.fromisoformat(m["minute"])
+        return finished(status, start, start + timedelta(seconds=59, microseconds=999_999))
+
+    completed = sum(m["completed"] for m in minutes)
+    failed = sum(m["failed"] for m in minutes)
+    rate = n["success_rate"]
+    oldest = n["oldest_pending_age_s"]
+    label: Callable[[dict[str, Any]], str] = lambda m: timezone.localtime(  # noqa: E731
+        datetime.fromisoformat(m["minute"])
+    ).strftime("%H:%M")
+    return {
+        "task_type": task_type,
+        "config_url": reverse("admin:taskflow_schedulecfg_change", args=[quote(task_type)]),
+        "paused": n["paused"],
+        "counts": [(status, count, tasks(status__exact=status)) for status, count in n["counts"].items()],
+        "in_flight": n["in_flight"],
+        "in_flight_url": tasks(status__exact=Status.PROCESSING),
+        "limit": n["limit"],
+        "oldest_pending": display.age(timezone.now() - timedelta(seconds=oldest)) if oldest is not None else None,
+        "oldest_pending_s": oldest,
+        "pending_url": tasks(status__exact=Status.PENDING),
+        "completed": completed,
+        "completed_url": finished(Status.SUCCESS),
+        "failed": failed,
+        "failed_url": finished(Status.FAILED),
+        "success_rate": None if rate is None else f"{rate * 100:.1f} %",
+        "finished_url": finished(),
+        "p50": _ms(n["run_time_ms"]["p50"]),
+        "p95": _ms(n["run_time_ms"]["p95"]),
+        "chart": charts.minute_bars(
+            minutes, label=label, link=minute_link, title=f"{task_type}: tasks finished per minute"
+        ),
+    }
+
+
+def _ms(value: float | None) -> str | None:
+    if value is None:
+        return None
+    return f"{value / 1000:.2f} s" if value >= 1000 else f"{value:.0f} ms"
+
+
+def install(site: admin.AdminSite) -> None:
+    """Add the dashboard to `site`: its URL, and an entry in taskflow's part of the index and sidebar."""
+    site_urls = site.get_urls
+    site_app_list = site.get_app_list
+
+    def get_urls() -> list[URLPattern]:
+        # Before the site's own patterns; "taskflow/dashboard/" matches none of them anyway.
+        view = site.admin_view(partial(dashboard_view, site=site))
+        return [path("taskflow/dashboard/", view, name=URL_NAME), *site_urls()]
+
+    def get_app_list(request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
+        apps = site_app_list(request, app_label)
+        if request.user.has_perm(VIEW_PERMISSION):
+            for app in apps:
+                if app["app_label"] == "taskflow":
+                    entry = {
+                        "name": "Dashboard",
+                        "object_name": "Dashboard",
+                        "admin_url": reverse(f"{site.name}:{URL_NAME}", current_app=site.name),
+                        "add_url": None,
+                        "view_only": True,
+                        "perms": {"view": True},
+                    }
+                    app["models"].insert(0, entry)
+        return apps
+
+    site.get_urls = get_urls  # type: ignore[method-assign]
+    site.get_app_list = get_app_list  # type: ignore[method-assign]

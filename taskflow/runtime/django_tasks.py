@@ -1,0 +1,140 @@
+"""Running `django.tasks` functions in the worker: one handler serving every django task type.
+
+The handler turns an attempt into what Django's own backends do around a task: the TaskResult and
+TaskContext the function sees, the `task_started` / `task_finished` signals (sender: the backend's
+class), and Django's failure semantics. Everything else (retries, timeouts, limits, reporting) is
+the worker's as for any handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
+from django.tasks.base import TaskContext as DjangoTaskContext
+from django.tasks.base import TaskError, TaskResult, TaskResultStatus
+from django.tasks.exceptions import InvalidTaskBackend
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+from django.utils.json import normalize_json
+
+from ..engine import djangotasks, registry
+from ..exceptions import InvalidResult, class_path
+from .context import TaskContext
+
+
+def run_django_task(ctx: TaskContext) -> Any:
+    """The handler of every django.tasks task type: call the function as Django's backends would."""
+    backend = _backend(ctx.payload)
+    # The stored task as a result (RUNNING, this attempt's worker last): what signals and the
+    # function's context see, as a get_result() would show it now.
+    row = djangotasks.read_task(ctx.task_id)
+    if row is None:  # cannot be while this attempt holds the task; not worth a confusing AttributeError
+        raise LookupError(f"task {ctx.task_id} is gone")
+    result = backend.task_result(row)
+    task = result.task
+    task_started.send(type(backend), task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(DjangoTaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = task.call(*result.args, **result.kwargs)
+        try:
+            value = normalize_json(value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidResult(f"the return value of {task.module_path} is not JSON: {exc}") from exc
+    except KeyboardInterrupt:
+        raise  # as Django's backends do: no task_finished; the worker stops
+    except BaseException as exc:
+        # The attempt fails; the task ends if no retry is left (InvalidResult fails it at once).
+        if isinstance(exc, InvalidResult) or ctx.attempt > ctx.max_retries:
+            ended = _ended(result, TaskResultStatus.FAILED)
+            ended.errors.append(TaskError(exception_class_path=class_path(exc), traceback=_traceback(exc)))
+            # Sent inside the exception handler, so Django's logging of it includes the traceback.
+            task_finished.send(type(backend), task_result=ended)
+        raise
+    ended = _ended(result, TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(ended, "_return_value", value)
+    task_finished.send(type(backend), task_result=ended)
+    return value
+
+
+def select_task_types(types: Iterable[str], queues: Iterable[str]) -> list[str]:
+    """The task types a worker serves, its django task types given run_django_task as their handler.
+
+    `types`: task types, django.tasks module paths, and module paths with a queue ("path:queue")
+    (none: every handler and every django task);
+    `queues`: Django queue names (none: the queues of the TaskflowBackend aliases in TASKS, and
+    any queue if one of them allows any). With queues and no types, only django tasks are served.
+    """
+    wanted = list(dict.fromkeys(types))
+    queue_names = list(dict.fromkeys(queues))
+    known = set(djangotasks.known_module_paths())
+    explicit: list[str] = []  # django task types named with their queue ("shop.tasks.send:emails")
+    if wanted:
+        module_paths = [t for t in wanted if t in known]
+        explicit = [t for t in wanted if t not in known and djangotasks.is_django_task(t)]
+        others = [t for t in wanted if t not in known and t not in explicit]
+    else:
+        module_paths = sorted(known)
+        others = [] if queue_names else [t for t in registry.registered_types() if not djangotasks.is_django_task(t)]
+    if queue_names and not module_paths:
+        raise ValueError("--queues selects django.tasks functions, and none was given or found")
+    django_types = explicit
+    if module_paths:
+        django_types += djangotasks.worker_task_types(module_paths, queue_names or _configured_queues())
+    for task_type in django_types:
+        registry.handler(task_type)(run_django_task)
+    return others + django_types
+
+
+def _configured_queues() -> list[str]:
+    """The queues TASKS names for taskflow backends; [] (any) if one of them allows any queue."""
+    from ..backends import TaskflowBackend
+
+    names: list[str] = []
+    for alias in task_backends.settings:
+        try:
+            backend = task_backends[alias]
+        except InvalidTaskBackend:
+            continue  # not ours to report: using it raises the same error where it is used
+        if isinstance(backend, TaskflowBackend):
+            if not backend.queues:
+                return []
+            names += sorted(backend.queues)
+    return names or [djangotasks.DEFAULT_QUEUE]
+
+
+def _backend(payload: Any) -> Any:
+    from ..backends import TaskflowBackend
+
+    alias = payload.get("backend", DEFAULT_TASK_BACKEND_ALIAS) if isinstance(payload, dict) else ""
+    backend = task_backends[alias or DEFAULT_TASK_BACKEND_ALIAS]
+    if not isinstance(backend, TaskflowBackend):
+        raise TypeError(f"TASKS[{alias!r}] is not a taskflow.backends.TaskflowBackend")
+    return backend
+
+
+def _ended(result: TaskResult, status: TaskResultStatus) -> TaskResult:
+    ended = TaskResult(
+        task=result.task,
+        id=result.id,
+        status=status,
+        enqueued_at=result.enqueued_at,
+        started_at=result.started_at,
+        last_attempted_at=result.last_attempted_at,
+        finished_at=timezone.now(),
+        args=result.args,
+        kwargs=result.kwargs,
+        backend=result.backend,
+        errors=list(result.errors),
+        worker_ids=list(result.worker_ids),
+    )
+    return ended
+
+
+def _traceback(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(exc))
