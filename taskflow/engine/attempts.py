@@ -86,7 +86,6 @@ class ClaimedTask:
             prefer_host=row["prefer_host"],
         )
 
-
     @classmethod
     def running(cls, row: dict[str, Any], cfg: ScheduleCfg, now: datetime) -> ClaimedTask:
         """The attempt now running on the task in `row` (read with its worker, started_at and deadline)."""
@@ -147,6 +146,24 @@ def heartbeat(task: ClaimedTask, *, checkpoint: Any = ..., now: datetime | None 
         raise LeaseLost(f"task {task.id} attempt {task.attempt} no longer holds its lease")
     task.lease_expires_at = deadline
     return deadline
+
+
+class DatabaseChannel:
+    """The local worker's AttemptChannel (see runtime.context): the lease kept by writing the task row."""
+
+    def __init__(self, task: ClaimedTask) -> None:
+        self.task = task
+
+    @property
+    def deadline(self) -> datetime:
+        return self.task.lease_expires_at
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.task.stop_requested.is_set()
+
+    def heartbeat(self, checkpoint: Any = ...) -> datetime:
+        return heartbeat(self.task, checkpoint=checkpoint)
 
 
 def lost_attempts(attempts: list[ClaimedTask]) -> list[ClaimedTask]:

@@ -1,20 +1,63 @@
-"""What a handler receives: the task's data and the calls it may make during its attempt."""
+"""What a handler receives: the task's data and the calls it may make during its attempt.
+
+The same TaskContext serves the local worker and the remote one. What differs is how an attempt
+keeps its lease, so that sits behind an `AttemptChannel`: the local worker's writes the database
+(`engine.attempts.DatabaseChannel`), the remote worker's calls the HTTP API
+(`runtime.remote.HttpChannel`). This module imports no Django model, so a remote worker can use it
+with no settings and no database.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
-from ..engine import attempts
-from ..engine.attempts import ClaimedTask
 from ..exceptions import NextStage, PermanentFailure, Snooze
+
+
+class AttemptChannel(Protocol):
+    """How a running attempt talks to whoever holds its task: extend the lease, save progress, hear a stop."""
+
+    @property
+    def deadline(self) -> datetime:
+        """When the attempt times out unless extended."""
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once the attempt was taken away."""
+
+    def heartbeat(self, checkpoint: Any = ...) -> datetime:
+        """Extend the deadline (saving `checkpoint` unless it is `...`); LeaseLost if the task was taken away."""
+
+
+class AttemptData(Protocol):
+    """The attempt's task data a context exposes (engine.attempts.ClaimedTask or the remote worker's)."""
+
+    id: int
+    task_type: str
+    key: str | None
+    version: int
+    priority: int
+    payload: Any
+    attempt: int
+    max_retries: int
+    stage: str
+    context: Any
+    checkpoint: Any
+    trace_id: str
+    worker_id: str
 
 
 class TaskContext:
     """The running attempt of one task, handed to its handler."""
 
-    def __init__(self, task: ClaimedTask) -> None:
-        self._task = task
+    def __init__(self, task: AttemptData, channel: AttemptChannel | None = None) -> None:
+        if channel is None:
+            # The local worker's channel; imported here so that this module stays free of the ORM.
+            from ..engine.attempts import DatabaseChannel
+
+            channel = DatabaseChannel(task)  # type: ignore[arg-type]
+        self._channel = channel
         self.task_id = task.id
         self.task_type = task.task_type
         self.key = task.key
@@ -33,23 +76,24 @@ class TaskContext:
     def stop_requested(self) -> bool:
         """True once this attempt was taken away (an operator stopped the task, or it was rescued).
 
-        Seen within about a second with Redis, else at the worker's next liveness beat. A long
-        handler should check it between steps and return: whatever it reports now is refused.
+        Seen within about a second with Redis, else at the worker's next liveness beat (a remote
+        worker: at its next beat to the server). A long handler should check it between steps and
+        return: whatever it reports now is refused.
         """
-        return self._task.stop_requested.is_set()
+        return self._channel.stop_requested
 
     @property
     def deadline(self) -> datetime:
         """When this attempt times out unless the handler heartbeats or saves a checkpoint."""
-        return self._task.lease_expires_at
+        return self._channel.deadline
 
     def heartbeat(self) -> None:
         """Extend this attempt's deadline by its timeout; raises LeaseLost if the task was taken away."""
-        attempts.heartbeat(self._task)
+        self._channel.heartbeat()
 
     def save_checkpoint(self, value: Any) -> None:
         """Persist progress (JSON) so a later attempt can resume; also extends the deadline."""
-        attempts.heartbeat(self._task, checkpoint=value)
+        self._channel.heartbeat(value)
         self.checkpoint = value
 
     def snooze(self, delay: float, reason: str = "") -> NoReturn:

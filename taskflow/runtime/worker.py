@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from ..engine import registry, tasklog, validation, wakeup
-from ..engine.attempts import ClaimedTask, Outcome, Report, lost_attempts
+from ..engine.attempts import ClaimedTask, DatabaseChannel, Outcome, Report, lost_attempts
 from ..engine.claiming import claim_batch
 from ..engine.configs import configs
 from ..engine.finishing import finish_attempts
@@ -385,7 +385,7 @@ class Worker:
 
     def _outcome(self, task: ClaimedTask) -> Report:
         try:
-            result = registry.get_handler(task.task_type)(TaskContext(task))
+            result = registry.get_handler(task.task_type)(TaskContext(task, DatabaseChannel(task)))
         except Snooze as signal:
             return Report(task, Outcome.SNOOZE, delay=signal.delay, error=signal.reason)
         except PermanentFailure as signal:

@@ -5,6 +5,8 @@ import os
 import threading
 import time
 
+from django.conf import settings
+
 import taskflow
 
 _log_lock = threading.Lock()
@@ -149,4 +151,7 @@ def until_stopped(ctx):
     record(ctx, "end")
     return {"finished": True}
 
-from . import djtasks  # noqa: E402,F401 - the django.tasks functions, found by the worker like handlers
+# The django.tasks functions, found by the worker like handlers. They need Django settings, which a
+# remote worker (python -m taskflow.remote) does not have: it imports the handlers above alone.
+if settings.configured:
+    from . import djtasks  # noqa: F401
