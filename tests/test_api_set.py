@@ -441,3 +441,24 @@ def test_a_liveness_beat_names_the_worker_and_hands_back_what_it_does_not_know_i
     assert row(known[0]).status == Status.PROCESSING
     status, body = worker.post("/api/tasks/heartbeat/", {"worker_id": "bad id", "items": []})
     assert status == 400 and "worker_id" in body["fields"]
+
+
+def test_a_workers_liveness_beat_checks_its_leases_and_extends_no_deadline() -> None:
+    """With worker_id a heartbeat is the worker's beat: it answers which leases hold and writes no deadline."""
+    from taskflow.engine import remote as engine_remote
+
+    taskflow.enqueue("api.beat", {}, timeout=60)
+    [held] = engine_remote.hold(["api.beat"], 1, "beat-host:1:x")
+    before = Task.objects.get(pk=held.id).lease_expires_at
+    worker = api_as("worker")
+    status, body = worker.post(
+        "/api/tasks/heartbeat/",
+        {"worker_id": "beat-host:1:x", "items": [{"task_id": str(held.id), "lease": held.lease_token}]},
+    )
+    assert status == 200 and body["results"][0]["outcome"] == "applied", body
+    assert Task.objects.get(pk=held.id).lease_expires_at == before
+    status, body = worker.post(
+        "/api/tasks/heartbeat/",
+        {"worker_id": "beat-host:1:x", "items": [{"task_id": str(held.id), "lease": held.lease_token + 1}]},
+    )
+    assert body["results"][0] == {"task_id": str(held.id), "outcome": "refused", "error": "lease_lost"}

@@ -421,9 +421,6 @@ def test_a_report_batch_over_the_servers_request_limit_is_split_until_it_fits(re
     assert "report refused by the server" in row(too_big).status_msg
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the API's beat still extends the listed attempts' deadlines (notes/remote-to-api.md)"
-)
 def test_a_liveness_beat_moves_no_deadline_so_a_stuck_remote_handler_still_times_out(api_url: str, token: str) -> None:
     task = taskflow.enqueue("test.record", {}, timeout=60)
     client = ApiClient(api_url, token)

@@ -293,14 +293,17 @@ class HeartbeatView(ApiView):
         responses={200: s.HeartbeatResponseSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        """Extend each attempt's deadline by its timeout; with `worker_id`, also the worker's liveness beat.
+        """Extend each attempt's deadline by its timeout; with `worker_id`, the worker's liveness beat instead.
 
-        A beat lists every attempt the worker holds: those claimed for it that it does not list
-        (a hold whose answer was lost) are handed back, and counted in `handed_back`.
+        A beat lists every attempt the worker holds and extends none of them (only a handler's own
+        heartbeat does, so a stuck one still times out); it answers which are still held. Those
+        claimed for the worker that it does not list (a hold whose answer was lost) are handed
+        back, and counted in `handed_back`.
         """
         data = valid(s.HeartbeatSerializer, request.data)
         helds = [remote.Held(item["task_id"], item["lease"]) for item in data["items"]]
-        deadlines = remote.extend([(h, ...) for h in helds])
+        beat = "worker_id" in data
+        deadlines = remote.held_deadlines(helds) if beat else remote.extend([(h, ...) for h in helds])
         answer: dict[str, Any] = {
             "results": [
                 {**applied(h.task_id), "lease_expires_at": s.time_text(deadline)}
@@ -309,7 +312,7 @@ class HeartbeatView(ApiView):
                 for h, deadline in zip(helds, deadlines, strict=True)
             ]
         }
-        if "worker_id" in data:
+        if beat:
             remote.beat(data["worker_id"])
             answer["handed_back"] = remote.hand_back_unlisted(data["worker_id"], helds)
         return Response(answer)

@@ -166,6 +166,20 @@ def beat(worker_id: str) -> None:
     _register(validate_worker_id(worker_id))
 
 
+def held_deadlines(helds: Sequence[Held]) -> list[datetime | None]:
+    """Each attempt's current deadline, or None where the lease was lost: a check that writes nothing.
+
+    A worker's liveness beat lists its attempts this way. It must not extend them: only the
+    handler's own heartbeat or checkpoint does, as for a local worker, so a stuck handler still
+    times out and is rescued.
+    """
+    rows = Task.objects.filter(id__in={h.task_id for h in helds}, status=Status.PROCESSING).values_list(
+        "id", "lease_token", "lease_expires_at"
+    )
+    held = {(task_id, token): deadline for task_id, token, deadline in rows}
+    return [held.get((h.task_id, h.lease)) for h in helds]
+
+
 def hand_back_unlisted(worker_id: str, listed: Iterable[Held], *, grace: float = HOLD_ANSWER_GRACE) -> int:
     """Hand back attempts claimed for `worker_id` that it does not list as held; returns how many.
 
