@@ -245,6 +245,21 @@ def test_retry_now_brings_a_history_task_back_live() -> None:
     assert rolling.roll(pause=0).moved == 1 and where(success.id) == [rolling.history_table(1)]
 
 
+def test_retry_now_from_the_newer_of_two_tables_whose_id_ranges_overlap() -> None:
+    """Tables fill by finishing time, not by id: a later table's ids can fall inside an older one's range."""
+    first, middle, last = [taskflow.enqueue(T, {"n": i}) for i in range(3)]
+    old = timezone.now() - 2 * DAY
+    Task.objects.filter(pk__in=[first.id, last.id]).update(status=Status.FAILED, finished_at=old, attempts=1)
+    with roll_settings(ROLL_MAX_ROWS=2):
+        rolling.roll(pause=0)  # table 1: first and last, so its range covers middle's id
+        Task.objects.filter(pk=middle.id).update(status=Status.FAILED, finished_at=old, attempts=1)
+        rolling.roll(pause=0)  # table 2: middle
+    assert where(middle.id) == [rolling.history_table(2)]
+
+    assert taskflow.retry_now([middle.id], by="ops").changed == 1
+    assert where(middle.id) == [sql.task_table()] and taskflow.get_task(middle.id).status == Status.PENDING
+
+
 def test_migrate_gives_history_tables_the_task_tables_columns() -> None:
     finished(2)
     rolling.roll(pause=0)

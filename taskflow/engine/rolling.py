@@ -484,6 +484,8 @@ def restore(task_ids: Iterable[int], now: datetime | None = None) -> int:
     for pos in _holding(wanted):
         table = history_table(pos.position)
         ids = sorted(i for i in wanted if pos.min_id <= i <= pos.max_id)
+        if not ids:  # all of them were found in a newer table already (id ranges may overlap)
+            continue
         with transaction.atomic():
             # The position row orders this with moves into and drops of the same table.
             if not SchedulePos.objects.filter(position=pos.position, dropped_at__isnull=True).update(updated_at=now):

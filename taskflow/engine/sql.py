@@ -775,6 +775,8 @@ def delete_tasks(table: str, ids: Sequence[int]) -> int:
 
 def read_tasks(table: str, ids: Sequence[int]) -> list[Task]:
     """The tasks of `ids` that a task table holds, as (unsaved-looking) Task objects."""
+    if not ids:
+        return []  # "IN ()" is not SQL
     sql = f"SELECT {_all_columns()} FROM {quote(table)} WHERE {_in(ids)}"
     return list(Task.objects.raw(sql, list(ids)))
 
