@@ -719,7 +719,8 @@ def _all_columns() -> str:
 
 
 def _in(ids: Sequence[int]) -> str:
-    return f"{quote('id')} IN ({', '.join(['%s'] * len(ids))})"
+    # "IN ()" is SQLite's only: elsewhere an empty list would be a syntax error, not "no rows".
+    return f"{quote('id')} IN ({', '.join(['%s'] * len(ids))})" if ids else "1 = 0"
 
 
 def lock_rollable(table: str, cutoff: datetime, limit: int) -> list[tuple[int, datetime]]:
