@@ -170,6 +170,11 @@ def manage(env: dict[str, str], *args: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+# It starts a MariaDB server of its own whatever the suite's database is, so it runs once per CI run:
+# with the MariaDB leg.
+@pytest.mark.skipif(
+    not os.environ.get("DATABASE_URL", "").startswith("mysql"), reason="runs with the suite on MariaDB (DATABASE_URL)"
+)
 def test_a_mariadb_restart_under_load_loses_nothing_and_stops_no_process(
     own_mariadb: OwnMariaDB, spawn, process_env: dict[str, str], run_log: Path
 ) -> None:
