@@ -77,6 +77,7 @@ def double_rows(table: str, task_type: str, rows: int) -> None:
         have, _, high = cursor.fetchone()
         cursor.execute(f"SELECT MIN({sql.quote('id')}) FROM {sql.quote(table)}")
         (low,) = cursor.fetchone()
+    scratch = scratch_table()
     started = time.perf_counter()
     while have < rows:
         take, shift, copied, last = min(have, rows - have), high - low + 1, 0, low - 1
@@ -85,11 +86,15 @@ def double_rows(table: str, task_type: str, rows: int) -> None:
             where = f"{sql.quote('task_type')} = %s AND {sql.quote('id')} > %s"
             end = chunk_end(table, where, [task_type, last], min(CHUNK, take - copied))
             with transaction.atomic(), connection.cursor() as cursor:
+                # Through a scratch table: MariaDB runs a same-table INSERT ... SELECT through a
+                # temporary file in /tmp, which a cleaner on this machine removed mid-statement.
+                cursor.execute(f"DELETE FROM {sql.quote(scratch)}")
                 cursor.execute(
-                    f"INSERT INTO {sql.quote(table)} ({quoted}) SELECT {select} FROM {sql.quote(table)} "
+                    f"INSERT INTO {sql.quote(scratch)} ({quoted}) SELECT {select} FROM {sql.quote(table)} "
                     f"WHERE {where} AND {sql.quote('id')} <= %s",
                     [shift, task_type, last, end if end is not None else high],
                 )
+                cursor.execute(f"INSERT INTO {sql.quote(table)} ({quoted}) SELECT {quoted} FROM {sql.quote(scratch)}")
                 copied += cursor.rowcount
             if end is None:
                 break
@@ -97,6 +102,21 @@ def double_rows(table: str, task_type: str, rows: int) -> None:
         low -= shift
         have += copied
         print(f"    {have:,} / {rows:,} rows in {table} ({time.perf_counter() - started:.0f} s)", flush=True)
+
+
+def scratch_table() -> str:
+    """An empty table with the task table's columns, for copies on their way back into their own table."""
+    from django.db import connection
+
+    from taskflow.engine import rolling
+
+    name = "bench_scratch"
+    with connection.cursor() as cursor:
+        exists = name in connection.introspection.table_names(cursor)
+    if not exists:
+        with connection.schema_editor() as editor:
+            editor.create_model(rolling.history_model(name))
+    return name
 
 
 def chunk_end(table: str, where: str, params: list, rows: int) -> int | None:
