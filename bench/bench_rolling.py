@@ -30,11 +30,11 @@ from bench import database  # noqa: E402
 OLD_TYPE = "bench.old"  # the finished rows that pile up
 WORK_TYPE = "bench.noop"  # what is claimed and completed
 SEED = 10_000
+CHUNK = 250_000  # rows per INSERT ... SELECT statement when filling
 
 
 def fill_finished(rows: int, *, status: str = "success", days_ago: float = 2.0) -> float:
     """Add `rows` finished OLD_TYPE tasks: a seed, then INSERT ... SELECT doubling; returns seconds."""
-    from django.db import connection, transaction
     from django.utils import timezone
 
     import taskflow
@@ -42,33 +42,124 @@ def fill_finished(rows: int, *, status: str = "success", days_ago: float = 2.0) 
     from taskflow.models import Task
 
     started = time.perf_counter()
-    table = sql.quote(sql.task_table())
+    have = Task.objects.filter(task_type=OLD_TYPE).count()
     finished_at = timezone.now() - timedelta(days=days_ago)
     seed_ids = []
     for start in range(0, min(rows, SEED), 1000):
         batch = [{"task_type": OLD_TYPE, "payload": {"n": i}} for i in range(start, min(rows, SEED, start + 1000))]
         seed_ids += [t.id for t in taskflow.enqueue_many(batch)]
     Task.objects.filter(pk__in=seed_ids).update(status=status, finished_at=finished_at, attempts=1, lease_token=1)
-    have = len(seed_ids)
-    low, high = min(seed_ids), max(seed_ids)
+    double_rows(sql.task_table(), OLD_TYPE, have + rows)
+    return time.perf_counter() - started
+
+
+def double_rows(table: str, task_type: str, rows: int) -> None:
+    """Grow `task_type`'s rows in `table` to `rows` by INSERT ... SELECT doubling.
+
+    Copies go below the table's lowest id, so ids stay unique; each statement copies at most CHUNK
+    rows (its own transaction), so none needs a huge temporary table (MariaDB copies
+    a same-table INSERT ... SELECT through one).
+    """
+    from django.db import connection, transaction
+
+    from taskflow.engine import sql
+    from taskflow.models import Task
+
     columns = [f.column for f in Task._meta.concrete_fields]
     quoted = ", ".join(sql.quote(c) for c in columns)
+    select = ", ".join(f"{sql.quote('id')} - %s" if c == "id" else sql.quote(c) for c in columns)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*), MIN({sql.quote('id')}), MAX({sql.quote('id')}) FROM {sql.quote(table)} "
+            f"WHERE {sql.quote('task_type')} = %s",
+            [task_type],
+        )
+        have, _, high = cursor.fetchone()
+        cursor.execute(f"SELECT MIN({sql.quote('id')}) FROM {sql.quote(table)}")
+        (low,) = cursor.fetchone()
+    scratch = scratch_table()
+    started = time.perf_counter()
     while have < rows:
-        take = min(have, rows - have)
-        shift = high - low + 1
-        select = ", ".join(f"{sql.quote('id')} - %s" if c == "id" else sql.quote(c) for c in columns)
-        with transaction.atomic(), connection.cursor() as cursor:
-            # Copies of the newest `take` rows, moved below the lowest id: ids stay unique.
-            cursor.execute(
-                f"INSERT INTO {table} ({quoted}) SELECT {select} FROM {table} "
-                f"WHERE {sql.quote('task_type')} = %s AND {sql.quote('id')} >= %s "
-                f"ORDER BY {sql.quote('id')} LIMIT %s",
-                [shift, OLD_TYPE, low, take],
-            )
+        take, shift, copied, last = min(have, rows - have), high - low + 1, 0, low - 1
+        while copied < take:
+            # Ids are sparse (time-based), so a chunk ends at the CHUNK-th id, found by the index.
+            where = f"{sql.quote('task_type')} = %s AND {sql.quote('id')} > %s"
+            end = chunk_end(table, where, [task_type, last], min(CHUNK, take - copied))
+            with transaction.atomic(), connection.cursor() as cursor:
+                # Through a scratch table: MariaDB runs a same-table INSERT ... SELECT through a
+                # temporary file in /tmp, which a cleaner on this machine removed mid-statement.
+                cursor.execute(f"DELETE FROM {sql.quote(scratch)}")
+                cursor.execute(
+                    f"INSERT INTO {sql.quote(scratch)} ({quoted}) SELECT {select} FROM {sql.quote(table)} "
+                    f"WHERE {where} AND {sql.quote('id')} <= %s",
+                    [shift, task_type, last, end if end is not None else high],
+                )
+                cursor.execute(f"INSERT INTO {sql.quote(table)} ({quoted}) SELECT {quoted} FROM {sql.quote(scratch)}")
+                copied += cursor.rowcount
+            if end is None:
+                break
+            last = end
         low -= shift
-        have += take
-        print(f"    {have:,} / {rows:,} finished rows", flush=True)
-    return time.perf_counter() - started
+        have += copied
+        print(f"    {have:,} / {rows:,} rows in {table} ({time.perf_counter() - started:.0f} s)", flush=True)
+
+
+def scratch_table() -> str:
+    """An empty table with the task table's columns, for copies on their way back into their own table."""
+    from django.db import connection
+
+    from taskflow.engine import rolling
+
+    name = "bench_scratch"
+    with connection.cursor() as cursor:
+        exists = name in connection.introspection.table_names(cursor)
+    if not exists:
+        with connection.schema_editor() as editor:
+            editor.create_model(rolling.history_model(name))
+    return name
+
+
+def chunk_end(table: str, where: str, params: list, rows: int) -> int | None:
+    """The id of the `rows`-th row of `table` matching `where` in id order, or None if fewer match."""
+    from django.db import connection
+
+    from taskflow.engine import sql
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {sql.quote('id')} FROM {sql.quote(table)} WHERE {where} "
+            f"ORDER BY {sql.quote('id')} LIMIT 1 OFFSET %s",
+            [*params, rows - 1],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def copy_table(source: str, target: str, low: int, high: int) -> int:
+    """Copy every row of `source` with an id in low..high into `target`, CHUNK rows per statement; rows copied."""
+    from django.db import connection, transaction
+
+    from taskflow.engine import sql
+    from taskflow.models import Task
+
+    quoted = ", ".join(sql.quote(f.column) for f in Task._meta.concrete_fields)
+    copied = 0
+    started = time.perf_counter()
+    last = low - 1
+    while True:
+        end = chunk_end(source, f"{sql.quote('id')} > %s", [last], CHUNK)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {sql.quote(target)} ({quoted}) SELECT {quoted} FROM {sql.quote(source)} "
+                f"WHERE {sql.quote('id')} > %s AND {sql.quote('id')} <= %s",
+                [last, end if end is not None else high],
+            )
+            copied += cursor.rowcount
+        print(f"    {copied:,} rows copied into {target} ({time.perf_counter() - started:.0f} s)", flush=True)
+        if end is None:
+            break
+        last = end
+    return copied
 
 
 def throughput(tasks: int, repeat: int) -> tuple[float, float]:
@@ -131,6 +222,78 @@ def rate(figure: tuple[float, float]) -> str:
     return f"median {figure[0]:,.0f} tasks/s, best {figure[1]:,.0f}"
 
 
+class MariaDBTuning:
+    """On MySQL/MariaDB: a bigger buffer pool for the run and relaxed log flushing during fills; both restored.
+
+    Only server variables that are dynamic in MariaDB 10.11 are set (SET GLOBAL); the server is never
+    restarted. Every value set and restored is printed. Does nothing on other databases.
+    """
+
+    def __init__(self, buffer_pool: int) -> None:
+        from django.db import connection
+
+        self.active = connection.vendor == "mysql" and buffer_pool > 0
+        self.buffer_pool = buffer_pool
+        self.original: dict[str, int] = {}
+
+    def _set(self, name: str, value: int) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET GLOBAL {name} = {int(value)}")
+            cursor.execute(f"SELECT @@GLOBAL.{name}")
+            print(f"    SET GLOBAL {name} = {value} (now {cursor.fetchone()[0]})", flush=True)
+
+    def start(self) -> None:
+        if not self.active:
+            return
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            for name in ("innodb_buffer_pool_size", "innodb_flush_log_at_trx_commit"):
+                cursor.execute(f"SELECT @@GLOBAL.{name}")
+                self.original[name] = int(cursor.fetchone()[0])
+        print(f"  server settings before the run: {self.original}")
+        if self.buffer_pool > self.original["innodb_buffer_pool_size"]:
+            self._set("innodb_buffer_pool_size", self.buffer_pool)
+            time.sleep(5)  # the resize runs in the background; let it settle before measuring
+
+    def fill(self, relaxed: bool) -> None:
+        """innodb_flush_log_at_trx_commit = 2 while filling, the original value while measuring."""
+        if self.active:
+            name = "innodb_flush_log_at_trx_commit"
+            self._set(name, 2 if relaxed else self.original[name])
+
+    def restore(self) -> None:
+        if not self.active:
+            return
+        print("  restoring server settings:")
+        for name, value in self.original.items():
+            self._set(name, value)
+
+
+def build_history(position: int, rows: int) -> float:
+    """Grow history table `position` (made by a real roll) to `rows` rows by INSERT ... SELECT doubling; seconds.
+
+    It ends in the state a roll of that many rows leaves it: the same table (made by the engine's
+    own sync_table), columns and indexes, and its SchedulePos row's count and id range updated.
+    The copies keep finished_at, so the newest finished_at recorded stays right.
+    """
+    from django.db.models import Max, Min
+
+    from taskflow.engine import rolling
+    from taskflow.models import SchedulePos
+
+    started = time.perf_counter()
+    table = rolling.history_table(position)
+    model = rolling.history_model(table)
+    double_rows(table, OLD_TYPE, rows)
+    span = model.objects.aggregate(low=Min("id"), high=Max("id"))
+    count = model.objects.count()
+    SchedulePos.objects.filter(position=position).update(row_count=count, min_id=span["low"], max_id=span["high"])
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000, help="finished rows for the large case")
@@ -138,9 +301,24 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000, help="tasks claimed and completed per measurement")
     parser.add_argument("--day-rows", type=int, default=1_000_000, help="rows in the day dropped vs deleted")
     parser.add_argument("--roll-batch", type=int, default=10_000, help="rows moved per roll transaction")
+    parser.add_argument(
+        "--roll-rows",
+        type=int,
+        default=0,
+        help="rows moved by a real roll (default: all --rows); the history table is then grown to --rows by "
+        "INSERT ... SELECT as a roll leaves it",
+    )
     parser.add_argument("--repeat", type=int, default=5, help="runs per throughput measurement")
+    parser.add_argument(
+        "--buffer-pool",
+        type=int,
+        default=0,
+        help="MariaDB/MySQL: SET GLOBAL innodb_buffer_pool_size to this many bytes for the run (and "
+        "innodb_flush_log_at_trx_commit = 2 during fills); both restored at the end",
+    )
     parser.add_argument("--reuse-db", action="store_true")
     args = parser.parse_args()
+    roll_rows = min(args.roll_rows or args.rows, args.rows)
 
     url = os.environ.get("DATABASE_URL") or f"sqlite:///{ROOT / 'var' / 'tfbench.sqlite3'}"
     os.environ["DATABASE_URL"] = url
@@ -150,6 +328,7 @@ def main() -> None:
     django.setup()
     from django.conf import settings
     from django.db import connection
+    from django.db.models import Max, Min
     from django.test import override_settings
 
     from taskflow.engine import rolling, sql
@@ -157,43 +336,77 @@ def main() -> None:
     database.migrate()
     database.reset_tables()
     print(f"bench_rolling on {database.describe()} ({name}); load average {os.getloadavg()[0]:.2f}")
-    print(f"  rows {args.rows:,}, small {args.small:,}, tasks per measurement {args.tasks:,}, day {args.day_rows:,}")
+    print(
+        f"  rows {args.rows:,} (rolled for real: {roll_rows:,}), small {args.small:,}, "
+        f"tasks per measurement {args.tasks:,}, day {args.day_rows:,}"
+    )
     big = {**settings.TASKFLOW, "ROLL_MAX_ROWS": 10**12, "ROLL_TABLE_SECONDS": 366 * 86400}
     figures: list[tuple[str, str]] = []
+    tuning = MariaDBTuning(args.buffer_pool)
+    tuning.start()
+    try:
+        # First, on the empty task table: a day of history deleted, then the same made again, rolled
+        # into its own history table and dropped.
+        print(f"- a day of {args.day_rows:,} rows: DELETE (as purge_finished) vs DROP TABLE")
+        with override_settings(TASKFLOW=big):
+            tuning.fill(True)
+            fill_finished(args.day_rows, status="stopped")
+            tuning.fill(False)
+            delete_seconds = purge_delete(args.day_rows)
+            tuning.fill(True)
+            fill_finished(args.day_rows, status="stopped")
+            tuning.fill(False)
+            moved, _ = roll_all(args.roll_batch)
+            started = time.perf_counter()
+            dropped = rolling.drop_expired(rolling.timezone.now() + timedelta(days=400))
+            drop_seconds = time.perf_counter() - started
+        figures.append((f"DELETE a day ({args.day_rows:,} rows, purge_finished)", f"{delete_seconds:.2f} s"))
+        figures.append((f"drop a day ({moved:,} rows, {', '.join(dropped)})", f"{drop_seconds:.3f} s"))
 
-    print(f"- {args.small:,} finished rows")
-    fill_finished(args.small)
-    base = throughput(args.tasks, args.repeat)
-    figures.append((f"claim+complete, {args.small:,} finished rows", rate(base)))
+        print(f"- {args.small:,} finished rows")
+        tuning.fill(True)
+        fill_finished(args.small)
+        tuning.fill(False)
+        base = throughput(args.tasks, args.repeat)
+        figures.append((f"claim+complete, {args.small:,} finished rows", rate(base)))
 
-    print(f"- {args.rows:,} finished rows, never rolled")
-    seconds = fill_finished(args.rows - args.small)
-    print(f"    filled in {seconds:.1f} s")
-    never = throughput(args.tasks, args.repeat)
-    figures.append((f"claim+complete, {args.rows:,} finished rows never rolled", rate(never)))
+        print(f"- rolling {roll_rows:,} rows")
+        tuning.fill(True)
+        seconds = fill_finished(roll_rows - args.small)
+        tuning.fill(False)
+        print(f"    filled in {seconds:.1f} s")
+        with override_settings(TASKFLOW=big):
+            moved, seconds = roll_all(args.roll_batch)
+            position = rolling.kept().last().position
+        figures.append(
+            (f"roll of {moved:,} rows (batch {args.roll_batch:,})", f"{seconds:.1f} s, {moved / seconds:,.0f} rows/s")
+        )
+        rolled_label = f"claim+complete, {args.rows:,} finished rows rolled"
+        if args.rows > moved:
+            print(f"- history grown from {moved:,} to {args.rows:,} rows by INSERT ... SELECT, as a roll leaves it")
+            tuning.fill(True)
+            seconds = build_history(position, args.rows)
+            tuning.fill(False)
+            print(f"    built in {seconds:.1f} s")
+            rolled_label += f" (history built by INSERT ... SELECT as a roll leaves it; rolled for real: {moved:,})"
+        rolled = throughput(args.tasks, args.repeat)
+        figures.append((rolled_label, rate(rolled)))
 
-    print(f"- rolling {args.rows:,} rows")
-    with override_settings(TASKFLOW=big):
-        moved, seconds = roll_all(args.roll_batch)
-    figures.append(
-        (f"roll of {moved:,} rows (batch {args.roll_batch:,})", f"{seconds:.1f} s, {moved / seconds:,.0f} rows/s")
-    )
-    rolled = throughput(args.tasks, args.repeat)
-    figures.append((f"claim+complete, {args.rows:,} finished rows rolled", rate(rolled)))
-
-    print(f"- a day of {args.day_rows:,} rows: DELETE (as purge_finished) vs DROP TABLE")
-    with override_settings(TASKFLOW=big):
-        rolling.drop_expired(rolling.timezone.now() + timedelta(days=400))  # the big history goes first
-        fill_finished(args.day_rows, status="stopped")
-        delete_seconds = purge_delete(args.day_rows)
-        fill_finished(args.day_rows, status="stopped")
-        # Its own table: the current one was dropped above, so the roll starts a new one.
-        moved, _ = roll_all(args.roll_batch)
+        print(f"- {args.rows:,} finished rows, never rolled (the history's rows copied back, the history dropped)")
+        table = rolling.history_table(position)
+        model = rolling.history_model(table)
+        span = model.objects.aggregate(low=Min("id"), high=Max("id"))
+        tuning.fill(True)
         started = time.perf_counter()
-        dropped = rolling.drop_expired(rolling.timezone.now() + timedelta(days=400))
-        drop_seconds = time.perf_counter() - started
-    figures.append((f"DELETE a day ({args.day_rows:,} rows, purge_finished)", f"{delete_seconds:.2f} s"))
-    figures.append((f"drop a day ({moved:,} rows, {', '.join(dropped)})", f"{drop_seconds:.3f} s"))
+        copied = copy_table(table, sql.task_table(), span["low"], span["high"])
+        tuning.fill(False)
+        print(f"    copied {copied:,} rows in {time.perf_counter() - started:.1f} s")
+        with override_settings(TASKFLOW=big):
+            rolling.drop_expired(rolling.timezone.now() + timedelta(days=400))
+        never = throughput(args.tasks, args.repeat)
+        figures.append((f"claim+complete, {args.rows:,} finished rows never rolled", rate(never)))
+    finally:
+        tuning.restore()
 
     print()
     width = max(len(name) for name, _ in figures)
