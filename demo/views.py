@@ -44,8 +44,9 @@ def document_status(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 def task_status(document: Document) -> dict[str, Any]:
-    task = Task.objects.filter(pk=document.task_id).first()
-    if task is None:
+    try:
+        task = taskflow.get_task(document.task_id)  # in the task table or, once rolled, in a history table
+    except Task.DoesNotExist:
         return {"status": "purged", "done": True}  # finished tasks are deleted after their retention
     return {
         "id": str(task.id),  # a 64-bit id: as a JSON number JavaScript would round it

@@ -22,6 +22,7 @@ from django.utils.safestring import SafeString
 from ..engine import rolling
 from ..engine.dependencies import neighbours
 from ..engine.operations import applicable
+from ..engine.operations import revivals as revivals_of
 from ..engine.periodic import MANUAL_SUFFIX, schedule_of
 from ..engine.validation import MAX_BIGINT
 from ..models import Status, Task, TaskEvent
@@ -279,7 +280,11 @@ def periodic_context(task: Task) -> dict[str, Any]:
 
 
 def attempts_log(task: Task) -> list[dict[str, Any]]:
-    """The schedule log (newest attempt first) as table rows."""
+    """The schedule log (newest attempt first) as table rows, and a row wherever an operator made the task run again.
+
+    Retry now and reschedule give a finished task a fresh retry budget, so its attempts count from
+    1 again: the row between them says who retried it, and when.
+    """
     rows = []
     for entry in task.schedule_log or []:
         if not isinstance(entry, dict):
@@ -287,6 +292,7 @@ def attempts_log(task: Task) -> list[dict[str, Any]]:
         cost_ms = entry.get("cost_ms")
         rows.append(
             {
+                "kind": "attempt",
                 "attempt": entry.get("attempt"),
                 "worker": entry.get("worker") or "",
                 "started_at": parse_datetime(entry["started_at"]) if entry.get("started_at") else None,
@@ -295,4 +301,23 @@ def attempts_log(task: Task) -> list[dict[str, Any]]:
                 "error": entry.get("error") or "",
             }
         )
-    return rows
+    if not rows:
+        return rows
+    revivals = [
+        {
+            "kind": "revival",
+            "at": event.at,
+            "by": event.actor,
+            "action": event.action.replace("_", " "),
+            "was": (event.changes.get("status") or [""])[0],
+            "reason": event.reason,
+        }
+        for event in revivals_of(task.pk, len(rows))
+    ]
+    # Newest first: each revival goes above the attempts that started before it.
+    merged: list[dict[str, Any]] = []
+    for row in rows:
+        while revivals and row["started_at"] is not None and row["started_at"] < revivals[0]["at"]:
+            merged.append(revivals.pop(0))
+        merged.append(row)
+    return merged

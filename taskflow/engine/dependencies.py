@@ -32,7 +32,9 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask
 from ..models import Status, Task, TaskDependency
-from . import sql, wakeup
+from . import rolling, sql, wakeup
+from .configs import configs
+from .transitions import order_time
 from .validation import MAX_BIGINT
 
 if TYPE_CHECKING:
@@ -282,7 +284,16 @@ def _decide(
         others = {e.depends_on_id for edges in edges_of.values() for e in edges if not e.outcome} - set(read)
         read = {**read, **_statuses(sorted(others))}
         messages = {dep: msg for dep, (_, msg) in read.items()}
-        waiting = dict(Task.objects.filter(id__in=dependents, status=Status.WAITING).values_list("id", "task_type"))
+        # Locked as read: the due time written below is computed from run_after and priority, which
+        # an operator's reschedule or set_priority may change while the task waits.
+        rows = {
+            row["id"]: row
+            for row in Task.objects.select_for_update()
+            .filter(id__in=dependents, status=Status.WAITING)
+            .values("id", "task_type", "run_after", "priority")
+        }
+        waiting = {task_id: row["task_type"] for task_id, row in rows.items()}
+        cfgs = configs.get_many(set(waiting.values()))
         writes: dict[int, dict[str, Any]] = {}
         for task_id in sorted(waiting):
             edges = [
@@ -293,7 +304,12 @@ def _decide(
             if status == Status.STOPPED:
                 writes[task_id] = {"status": status, "status_msg": message, "finished_at": now, "updated_at": now}
             elif status == Status.PENDING:
-                writes[task_id] = {"status": status, "status_msg": message, "updated_at": now}
+                writes[task_id] = {
+                    "status": status,
+                    "status_msg": message,
+                    **released_due_time(rows[task_id], cfgs[waiting[task_id]].priority_aging, now),
+                    "updated_at": now,
+                }
         # One guarded UPDATE expecting `waiting`: a dependent released or terminated meanwhile is left alone.
         written = (
             sql.update_tasks_expecting(sql.task_table(), writes, dict.fromkeys(writes, Status.WAITING), now)
@@ -313,16 +329,19 @@ def _decide(
     return len(written), [i for i in written if writes[i]["status"] == Status.STOPPED]
 
 
+def released_due_time(row: dict[str, Any], aging: float, now: datetime) -> dict[str, Any]:
+    """A released task's due time: counted from its release, never earlier than the run_after it was given.
+
+    Its pending timeout and priority aging count from then too: while it waited it could not run.
+    """
+    run_after = max(row["run_after"], now)
+    return {"run_after": run_after, "order_time": order_time(run_after, row["priority"], aging)}
+
+
 def _statuses(ids: Sequence[int]) -> dict[int, tuple[str, str]]:
-    """{id: (status, status_msg)} of the tasks found among `ids`."""
-    out: dict[int, tuple[str, str]] = {}
-    ids = list(ids)
-    for start in range(0, len(ids), BATCH):
-        for task_id, status, msg in Task.objects.filter(id__in=ids[start : start + BATCH]).values_list(
-            "id", "status", "status_msg"
-        ):
-            out[task_id] = (status, msg)
-    return out
+    """{id: (status, status_msg)} of the tasks found among `ids`, in the task table or a history table."""
+    found = rolling.find_tasks(ids, ("status", "status_msg"))
+    return {task_id: (row["status"], row["status_msg"]) for task_id, row in found.items()}
 
 
 def _finished_among(ids: Iterable[int]) -> list[int]:
@@ -375,14 +394,17 @@ def revival_blockers(task_ids: Sequence[int]) -> set[int]:
     if not task_ids:
         return set()
     edges = list(
-        TaskDependency.objects.filter(task_id__in=task_ids).values_list("task_id", "depends_on_id", "run_on_failure")
+        TaskDependency.objects.filter(task_id__in=task_ids).values_list(
+            "task_id", "depends_on_id", "run_on_failure", "outcome"
+        )
     )
     if not edges:
         return set()
-    read = _statuses(sorted({dep for _, dep, _ in edges}))
+    read = _statuses(sorted({dep for _, dep, _, _ in edges}))
     blocked = set()
-    for task_id, dep, run in edges:
-        status = read.get(dep, (None, ""))[0]
+    for task_id, dep, run, outcome in edges:
+        # A dependency gone with a dropped history table counts as the edge recorded it.
+        status = read.get(dep, (outcome if outcome in FINISHED else None, ""))[0]
         if status == Status.SUCCESS or (run and _outcome(status) is not None):
             continue
         blocked.add(task_id)
@@ -405,7 +427,7 @@ def neighbours(task_id: int, limit: int = 50) -> dict[str, list[dict[str, Any]]]
         .values("task_id", "run_on_failure")[:limit]
     )
     ids = [e["depends_on_id"] for e in dependencies] + [e["task_id"] for e in dependents]
-    rows = {row["id"]: row for row in Task.objects.filter(id__in=ids).values("id", "task_type", "status")}
+    rows = rolling.find_tasks(ids, ("task_type", "status"))
 
     def entry(other: int, run: bool) -> dict[str, Any]:
         row = rows.get(other, {})

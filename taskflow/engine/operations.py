@@ -113,7 +113,7 @@ def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
             return {**batch.revived(row, "retried"), **batch.due_at(row, batch.now)}
         return "running" if row["status"] == Status.PROCESSING else "succeeded"
 
-    return _operate("retry_now", selection, rule, by=by, reason=reason, dry_run=dry_run, from_history=True)
+    return _operate("retry_now", selection, rule, by=by, reason=reason, dry_run=dry_run)
 
 
 def reschedule(
@@ -171,6 +171,20 @@ def set_max_retries(
         return {"max_retries": max_retries}
 
     return _operate("set_max_retries", selection, rule, by=by, reason=reason, dry_run=dry_run)
+
+
+# The operations that can make a finished task run again, with a fresh retry budget (its
+# attempts count from 1 again); their TaskEvent records the status it left.
+REVIVING = ("retry_now", "reschedule")
+
+
+def revivals(task_id: int, limit: int) -> list[TaskEvent]:
+    """The newest `limit` times an operator made this finished task run again (retry now, reschedule), newest first."""
+    return list(
+        TaskEvent.objects.filter(task_id=task_id, action__in=REVIVING, changes__has_key="status").order_by(
+            "-at", "-id"
+        )[:limit]
+    )
 
 
 def applicable(task: Task, now: datetime | None = None) -> list[str]:
@@ -276,7 +290,6 @@ def _operate(
     reason: str,
     dry_run: bool,
     now: datetime | None = None,
-    from_history: bool = False,
 ) -> OperationResult:
     actor = actor_name(by)
     if not isinstance(reason, str):
@@ -288,11 +301,7 @@ def _operate(
         batch_ids = ids[start : start + BATCH]
         batch_now = now or timezone.now()
         if dry_run:
-            rows = list(Task.objects.filter(id__in=batch_ids).values(*_COLUMNS))
-            if from_history and len(rows) < len(batch_ids):
-                found = {row["id"] for row in rows}
-                missing = [i for i in batch_ids if i not in found]
-                rows += [{name: getattr(t, name) for name in _COLUMNS} for t in rolling.history_tasks(missing)]
+            rows = list(rolling.find_tasks(batch_ids, _COLUMNS).values())
             skipped["not found"] += len(batch_ids) - len(rows)
             batch = _Batch(rows, actor, reason, batch_now)
             for row in rows:
@@ -302,9 +311,7 @@ def _operate(
                 else:
                     result.changed += 1
             continue
-        changed, batch_skipped, missing = _apply_batch(
-            action, batch_ids, rule, actor, reason, batch_now, from_history=from_history
-        )
+        changed, batch_skipped, missing = _apply_batch(action, batch_ids, rule, actor, reason, batch_now)
         result.changed += changed
         skipped.update(batch_skipped)
         skipped["not found"] += missing
@@ -313,22 +320,18 @@ def _operate(
 
 
 def _apply_batch(
-    action: str, ids: list[int], rule: Rule, actor: str, reason: str, now: datetime, *, from_history: bool = False
+    action: str, ids: list[int], rule: Rule, actor: str, reason: str, now: datetime
 ) -> tuple[int, Counter[str], int]:
     """Decide and write one batch in one transaction; returns (changed, skipped by reason, ids not found).
 
-    With `from_history`, tasks of the batch found in history tables are first moved back into the
-    task table, in the same transaction.
+    The rules see each task wherever it lives; one in a history table that a rule changes is moved
+    back into the task table first, in the same transaction (a skipped one stays where it is).
     """
     skipped: Counter[str] = Counter()
     table = sql.task_table()
     due_types: set[str] = set()
     with transaction.atomic():
-        rows = list(Task.objects.filter(id__in=ids).values(*_COLUMNS))
-        if from_history and len(rows) < len(ids):
-            found = {row["id"] for row in rows}
-            if rolling.restore([i for i in ids if i not in found], now):
-                rows = list(Task.objects.filter(id__in=ids).values(*_COLUMNS))
+        rows = list(rolling.find_tasks(ids, _COLUMNS).values())
         batch = _Batch(rows, actor, reason, now)
         writes: dict[int, dict[str, Any]] = {}
         expected: dict[int, str] = {}
@@ -343,6 +346,10 @@ def _apply_batch(
             else:
                 writes[row["id"]] = {**decision, "updated_at": now}
                 expected[row["id"]] = row["status"]
+        rolled = [i for i in writes if "history_position" in by_id[i]]
+        if rolled:
+            # Not restored (dropped meanwhile, say): the guarded UPDATE below misses it.
+            rolling.restore(rolled, now)
         written = sql.update_tasks_expecting(table, writes, expected, now) if writes else set()
         # A row that changed between our read and our write (a worker's report, a claim) is left alone.
         skipped["changed meanwhile"] += len(writes) - len(written)

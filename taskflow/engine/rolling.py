@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,13 +31,15 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..models import SchedulePos, Task
+from ..models import SchedulePos, Task, TaskDependency, TaskEvent
 from . import sql
 
 log = logging.getLogger("taskflow.roll")
 
 BATCH_PAUSE = 0.05  # seconds between batches, so workers' claims and reports get the table in between
 RACE_RETRIES = 3  # reads that lost a race with a move, a restore or a drop try again this often
+FIND_BATCH = 1000  # ids per query of a lookup
+DROP_BATCH = 1000  # tasks whose edges and events are deleted per statement before their table is dropped
 
 KeepGoing = Callable[[], bool]
 
@@ -312,6 +314,10 @@ def drop_expired(now: datetime | None = None) -> list[str]:
     now = now or timezone.now()
     dropped = []
     for pos in kept().filter(_expired(now)):
+        if pos.min_id is not None:
+            # While the table is still read: its tasks long finished, and the dependents that wait
+            # for them must have that recorded on their edges before the tasks are gone.
+            _settle_dependents(pos.min_id, pos.max_id)
         # Guarded: a restore or a move holding the row finishes first, and a concurrent roll marks it once.
         if SchedulePos.objects.filter(_expired(now), position=pos.position, dropped_at__isnull=True).update(
             dropped_at=now, updated_at=now
@@ -327,9 +333,40 @@ def drop_expired(now: datetime | None = None) -> list[str]:
     return dropped
 
 
+def _settle_dependents(min_id: int, max_id: int) -> None:
+    """Release the dependents still waiting on an open edge for tasks in this id range (the repair's job, done now)."""
+    from . import dependencies  # it finds tasks through this module: imported here, not at the top
+
+    open_deps = list(
+        TaskDependency.objects.filter(outcome="", depends_on_id__gte=min_id, depends_on_id__lte=max_id)
+        .values_list("depends_on_id", flat=True)
+        .distinct()
+    )
+    if open_deps:
+        dependencies.release(open_deps)
+
+
 def _drop(table: str) -> None:
+    """Delete the dependency edges and events of the table's tasks, in batches, then drop the table.
+
+    Only the edges that made its tasks wait go (as `purge_finished` does); edges of live tasks that
+    waited for its tasks keep their recorded outcome. Runs after the table is marked dropped, so
+    nothing reads or moves its rows meanwhile; a crash is finished by the next run.
+    """
+    # A table recorded by a roll that died before creating it holds nothing.
+    ids = sql.ids_after(table, 0, DROP_BATCH) if _exists(table) else []
+    while ids:
+        with transaction.atomic():
+            TaskDependency.objects.filter(task_id__in=ids).delete()
+            TaskEvent.objects.filter(task_id__in=ids).delete()
+        ids = sql.ids_after(table, ids[-1], DROP_BATCH) if len(ids) == DROP_BATCH else []
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {sql.quote(table)}")
+
+
+def _exists(table: str) -> bool:
+    with connection.cursor() as cursor:
+        return table in connection.introspection.table_names(cursor)
 
 
 def _plan(now: datetime, cutoff: datetime) -> RollResult:
@@ -403,9 +440,40 @@ def _read(position: int, call: Callable[[], Any]) -> Any:
         with transaction.atomic():  # a savepoint: on PostgreSQL a failed statement spoils the transaction
             return call()
     except DatabaseError:
-        if _still_kept(position):
+        # Asked of the table itself, not of SchedulePos: a reader's snapshot (MySQL's repeatable
+        # read) may predate the drop's mark.
+        if _still_kept(position) and _exists(history_table(position)):
             raise
         return None
+
+
+def _searchable() -> dict[int, str]:
+    """{position: table} of the kept history tables that hold tasks, for lookups by identity.
+
+    A table is recorded in SchedulePos before it is created, and gets its id range in the
+    transaction that moves its first tasks in: a table without one may not exist yet, and holds
+    nothing to find anyway.
+    """
+    return {p.position: history_table(p.position) for p in kept().filter(min_id__isnull=False)}
+
+
+def _across_tables(call: Callable[[dict[int, str]], Any], empty: Any) -> Any:
+    """Run a read of all searchable history tables (one UNION), leaving out those a concurrent drop removed."""
+    tables = _searchable()
+    for _ in range(RACE_RETRIES):
+        if not tables:
+            return empty
+        try:
+            with transaction.atomic():  # a savepoint: on PostgreSQL a failed statement spoils the transaction
+                return call(tables)
+        except DatabaseError:
+            with connection.cursor() as cursor:
+                existing = set(connection.introspection.table_names(cursor))
+            if all(table in existing for table in tables.values()):
+                raise
+            # Dropped since we listed them (marked first, so they hold nothing anyone still needs).
+            tables = {p: t for p, t in _searchable().items() if t in existing}
+    return empty
 
 
 def get_task(task_id: int) -> Task:
@@ -430,6 +498,33 @@ def get_task(task_id: int) -> Task:
     raise Task.DoesNotExist(f"no task {task_id} in the task table or the history tables kept")
 
 
+def find_tasks(task_ids: Iterable[int], columns: Sequence[str]) -> dict[int, dict[str, Any]]:
+    """{id: {column: value}} of the tasks of `task_ids` wherever they live: the one lookup every rule uses.
+
+    Reads the hot table (one narrow query, all most callers pay), then history for the ids it
+    missed, then the hot table once more (a restore may have moved one back meanwhile; a roll
+    commits a move and its table's id range together, so one of the reads sees each task). A row
+    found in history also carries "history_position". Ids found nowhere are left out.
+    """
+    columns = tuple(dict.fromkeys(("id", *columns)))
+    found: dict[int, dict[str, Any]] = {}
+
+    def read_hot(ids: list[int]) -> None:
+        for start in range(0, len(ids), FIND_BATCH):
+            for row in Task.objects.filter(id__in=ids[start : start + FIND_BATCH]).values(*columns):
+                found[row["id"]] = row
+
+    missing = sorted(set(task_ids))
+    read_hot(missing)
+    missing = [i for i in missing if i not in found]
+    if missing:
+        for task in history_tasks(missing):
+            row = {name: getattr(task, name) for name in columns}
+            found[task.id] = {**row, "history_position": task.history_position}  # type: ignore[attr-defined]
+        read_hot([i for i in missing if i not in found])
+    return found
+
+
 def history_tasks(task_ids: Iterable[int]) -> list[Task]:
     """The tasks of `task_ids` found in kept history tables (each with `history_position`)."""
     wanted = set(task_ids)
@@ -445,30 +540,12 @@ def history_tasks(task_ids: Iterable[int]) -> list[Task]:
 
 def find_identity(task_type: str, key: str, version: int) -> Task | None:
     """The task of one identity if a kept history table holds it (with `history_position`), else None."""
-    for _ in range(RACE_RETRIES):
-        tables = {p.position: history_table(p.position) for p in kept()}
-        if not tables:
-            return None
-        try:
-            with transaction.atomic():
-                return sql.find_identity(tables, task_type, key, version)
-        except DatabaseError:
-            if all(_still_kept(p) for p in tables):
-                raise
-    return None
+    return _across_tables(lambda tables: sql.find_identity(tables, task_type, key, version), None)
 
 
 def versions_in_history(task_type: str, key: str, limit: int) -> list[Task]:
     """The newest `limit` versions of one key that kept history tables hold (read-only copies)."""
-    for _ in range(RACE_RETRIES):
-        tables = {p.position: history_table(p.position) for p in kept()}
-        try:
-            with transaction.atomic():
-                return sql.versions_of_key(tables, task_type, key, limit)
-        except DatabaseError:
-            if all(_still_kept(p) for p in tables):
-                raise
-    return []
+    return _across_tables(lambda tables: sql.versions_of_key(tables, task_type, key, limit), [])
 
 
 def restore(task_ids: Iterable[int], now: datetime | None = None) -> int:

@@ -774,6 +774,14 @@ def delete_tasks(table: str, ids: Sequence[int]) -> int:
         return cursor.rowcount
 
 
+def ids_after(table: str, after: int, limit: int) -> list[int]:
+    """The next `limit` task ids of a task table above `after`, in order (walks a table by its primary key)."""
+    sql = f"SELECT {quote('id')} FROM {quote(table)} WHERE {quote('id')} > %s ORDER BY {quote('id')} LIMIT %s"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [after, limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
 def read_tasks(table: str, ids: Sequence[int]) -> list[Task]:
     """The tasks of `ids` that a task table holds, as (unsaved-looking) Task objects."""
     if not ids:
