@@ -82,6 +82,20 @@ def validate_key(key: object) -> str | None:
 MAX_BIGINT = 2**63 - 1
 
 
+def parse_task_id(value: object) -> int | None:
+    """The task id in `value` (a decimal string, as ids are given out, or an int), or None if it cannot be one.
+
+    An id outside the bigint range is None here rather than an OverflowError at the query (SQLite).
+    """
+    if isinstance(value, str):
+        if not value.isascii() or not value.isdigit() or len(value) > 19:
+            return None
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 < value <= MAX_BIGINT else None
+
+
 def validate_non_negative_int(
     name: str, value: object, *, allow_none: bool = False, maximum: int = MAX_BIGINT
 ) -> int | None:
