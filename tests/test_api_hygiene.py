@@ -217,6 +217,21 @@ def test_the_schema_is_served_as_application_json_and_anonymous_callers_get_401(
         assert (response.status_code, error_of(response)) == (401, "not_authenticated"), accept
 
 
+@pytest.mark.parametrize("path", ["/api/tasks/", "/api/stats/", "/api/docs/", "/api/tasks/hold/"])
+def test_a_caller_without_credentials_or_permission_hears_so_whatever_it_accepts(path: str) -> None:
+    for accept in ("text/html", "application/xml", "application/json"):
+        assert APIClient().get(path, HTTP_ACCEPT=accept).status_code == 401, accept
+    client = APIClient()
+    client.force_authenticate(user_with("nobody"))
+    if path != "/api/docs/":
+        assert client.get(path, HTTP_ACCEPT="text/html").status_code in (403, 405)
+        assert client.get(path, HTTP_ACCEPT="application/json").status_code in (403, 405)
+    # Allowed, the Accept header decides: 406 for what the endpoint cannot write.
+    client.force_authenticate(user_with("everything", *ROLES["everything"]))
+    if path in ("/api/tasks/", "/api/stats/"):
+        assert error_of(client.get(path, HTTP_ACCEPT="application/xml")) == "not_acceptable"
+
+
 @pytest.mark.parametrize(
     ("method", "path"),
     [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework.exceptions import MethodNotAllowed, NotAuthenticated, PermissionDenied
+from rest_framework.exceptions import MethodNotAllowed, NotAcceptable, NotAuthenticated, PermissionDenied
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
@@ -65,3 +65,17 @@ class LoggedIn(BasePermission):
         if not (request.user and request.user.is_authenticated):
             raise NotAuthenticated()
         return True
+
+
+class PermissionsBeforeNegotiation:
+    """A view mixin: a caller refused by the permissions hears that (401/403), not 406, whatever it accepts.
+
+    DRF negotiates the content type before it checks who is calling.
+    """
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        except NotAcceptable:
+            self.check_permissions(request)  # type: ignore[attr-defined]
+            raise

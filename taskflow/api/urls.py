@@ -1,22 +1,19 @@
 """The API's URLs; a project mounts them with `path("api/", include("taskflow.api.urls"))`."""
 
-from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiJsonRenderer2
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.exceptions import NotAcceptable
-from rest_framework.request import Request
 
 from . import views
-from .permissions import LoggedIn
+from .permissions import LoggedIn, PermissionsBeforeNegotiation
 
 app_name = "taskflow_api"
 
 
-class SchemaView(SpectacularAPIView):
+class SchemaView(PermissionsBeforeNegotiation, SpectacularAPIView):
     """The OpenAPI 3 schema as JSON (`application/json` or the OpenAPI media type), for logged-in users only."""
 
     authentication_classes = views.ApiView.authentication_classes
@@ -24,16 +21,9 @@ class SchemaView(SpectacularAPIView):
     renderer_classes = [OpenApiJsonRenderer2, OpenApiJsonRenderer]  # application/json first: errors too
     get_exception_handler = views.ApiView.get_exception_handler
 
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        try:
-            super().initial(request, *args, **kwargs)
-        except NotAcceptable:
-            # DRF negotiates before it authenticates: an anonymous caller is told 401 whatever it accepts.
-            self.check_permissions(request)
-            raise
 
 
-class DocsView(SpectacularSwaggerView):
+class DocsView(PermissionsBeforeNegotiation, SpectacularSwaggerView):
     """Swagger UI, served from drf-spectacular-sidecar's static files (no CDN)."""
 
     authentication_classes = views.ApiView.authentication_classes

@@ -39,7 +39,7 @@ def errors(*codes: int) -> dict[int, type[s.ErrorSerializer]]:
     return {code: s.ErrorSerializer for code in (*codes, 401, 403, 503)}
 
 
-class ApiView(APIView):
+class ApiView(perms.PermissionsBeforeNegotiation, APIView):
     """Token or session (with CSRF) authentication, strict bounded JSON, and the API's JSON errors."""
 
     authentication_classes = [TokenOrBearerAuthentication, SessionAuthentication]
