@@ -29,6 +29,7 @@ from django.utils.module_loading import import_string
 from . import exceptions
 from .engine import djangotasks
 from .engine.attempts import Outcome, past_attempts
+from .engine.validation import parse_task_id
 from .models import Status
 from .models import Task as TaskRow
 
@@ -155,11 +156,10 @@ class TaskflowBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
-        """The stored task as a TaskResult; TaskResultDoesNotExist for an unknown id."""
-        try:
-            task_id = int(result_id)
-        except (TypeError, ValueError):
-            raise TaskResultDoesNotExist(result_id) from None
+        """The stored task as a TaskResult; TaskResultDoesNotExist for an unknown id (or one no task can have)."""
+        task_id = parse_task_id(result_id)
+        if task_id is None:
+            raise TaskResultDoesNotExist(result_id)
         row = djangotasks.read_task(task_id)
         if row is None:
             raise TaskResultDoesNotExist(result_id)

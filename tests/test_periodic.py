@@ -364,10 +364,14 @@ def test_run_now_adds_one_run_under_its_own_key_without_touching_the_ticks():
 # --- the console -------------------------------------------------------------------------------
 
 
+SCHEDULE_PERMISSIONS = ("view_periodictask", "change_periodictask", "add_periodictask", "delete_periodictask")
+
+
 @pytest.fixture
 def staff(db, client):
+    # add_task too: a schedule's type and payload decide which tasks get made (docs/periodic.md).
     user = User.objects.create_user("op", password="x", is_staff=True)
-    for codename in ("view_periodictask", "change_periodictask", "add_periodictask", "delete_periodictask"):
+    for codename in (*SCHEDULE_PERMISSIONS, "add_task"):
         user.user_permissions.add(Permission.objects.get(codename=codename))
     client.force_login(user)
     return user
@@ -457,6 +461,37 @@ def test_an_edit_leaves_the_leaders_record_of_fired_ticks_alone(client, staff):
         T0 + 10,
         datetime.fromtimestamp(T0 + 10, UTC),
     )
+
+
+def test_what_a_schedule_runs_is_set_only_with_the_right_to_create_tasks(client, db):
+    """Adding a schedule, or changing its task type or payload, needs taskflow.add_task; its timing does not."""
+    user = User.objects.create_user("scheduler", password="x", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=SCHEDULE_PERMISSIONS))
+    client.force_login(user)
+    make("report", payload={"k": 1}, task_type="test.noop")
+    before = PeriodicTask.objects.values().get(pk="report")
+
+    assert client.get(reverse("admin:taskflow_periodictask_add")).status_code == 403
+    assert client.post(reverse("admin:taskflow_periodictask_add"), {**FORM, "name": "other"}).status_code == 403
+    assert list(PeriodicTask.objects.values_list("name", flat=True)) == ["report"]
+
+    change = reverse("admin:taskflow_periodictask_change", args=["report"])
+    data = {**FORM, "cron": "", "every": "60", "timezone": "UTC", "payload": '{"k": 1}'}
+    for field, value in (("task_type", "test.record"), ("payload", '{"k": "chosen by me"}')):
+        response = client.post(change, {**data, field: value})
+        assert response.status_code == 200
+        assert "taskflow.add_task" in " ".join(response.context["adminform"].form.errors[field])
+        assert PeriodicTask.objects.values().get(pk="report") == before
+
+    # The schedule's timing is not what it runs: changed with change_periodictask alone.
+    response = client.post(change, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    row = PeriodicTask.objects.get(pk="report")
+    assert (row.every, row.task_type, row.payload) == (60, "test.noop", {"k": 1})
+
+    user.user_permissions.add(Permission.objects.get(codename="add_task"))
+    assert client.post(change, {**data, "payload": '{"k": 2}'}).status_code == 302
+    assert PeriodicTask.objects.get(pk="report").payload == {"k": 2}
 
 
 def test_run_now_needs_the_operate_permission_and_a_post(client, staff):

@@ -3,7 +3,9 @@
 Every change goes through the engine (`taskflow.engine.periodic`): an edit writes only the fields
 the form changed, under the row's lock, so it never undoes the leader's record of fired ticks.
 Editing needs `taskflow.change_periodictask`; "run now" enqueues a task and so needs
-`taskflow.operate_task`, like every other action on tasks.
+`taskflow.operate_task`, like every other action on tasks. Adding a schedule, or changing what
+its tasks are (`periodic.TASK_FIELDS`: type and payload), decides which tasks get made and so
+also needs `taskflow.add_task`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.forms import ModelForm
@@ -24,7 +27,7 @@ from django.utils.safestring import SafeString
 
 from ..engine import periodic
 from ..exceptions import StaleVersion
-from ..models import PeriodicTask
+from ..models import PeriodicTask, Task
 from . import display
 from .actions import OPERATE_PERMISSION
 from .listing import ConsoleAdmin
@@ -58,6 +61,32 @@ class PeriodicTaskAdmin(ConsoleAdmin):
         if obj is not None and obj.source != "console":
             return False
         return super().has_delete_permission(request, obj)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return super().has_add_permission(request) and self.has_make_tasks_permission(request)
+
+    def has_make_tasks_permission(self, request: HttpRequest) -> bool:
+        """taskflow.add_task: a schedule makes tasks, so setting what they are is creating tasks."""
+        return request.user.has_perm(f"{Task._meta.app_label}.{get_permission_codename('add', Task._meta)}")
+
+    def get_form(
+        self, request: HttpRequest, obj: PeriodicTask | None = None, change: bool = False, **kwargs: Any
+    ) -> type[ModelForm]:
+        form = super().get_form(request, obj, change, **kwargs)
+        if self.has_make_tasks_permission(request):
+            return form
+
+        class WithoutMakingTasks(form):  # type: ignore[misc,valid-type]
+            def clean(self) -> dict[str, Any]:
+                cleaned = super().clean()
+                for name in periodic.TASK_FIELDS:
+                    # Against the stored row (clean() runs before the form writes to it), not
+                    # changed_data, which trusts the posted hidden initial of a JSON field.
+                    if name in cleaned and cleaned[name] != getattr(self.instance, name):
+                        self.add_error(name, "Changing what the schedule runs needs the taskflow.add_task permission.")
+                return cleaned
+
+        return WithoutMakingTasks
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.{OPERATE_PERMISSION}")

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from rest_framework.exceptions import NotFound
 
+from ..engine import validation
 from ..engine.rolling import get_task
 from ..models import Task
-
-MAX_TASK_ID = 2**63 - 1
 
 
 def parse_task_id(value: object) -> int | None:
     """The task id in `value` (a decimal string, as task ids are in JSON), or None if it cannot be one."""
-    if not isinstance(value, str) or not value.isascii() or not value.isdigit() or len(value) > 19:
-        return None
-    task_id = int(value)
-    return task_id if 0 < task_id <= MAX_TASK_ID else None
+    if not isinstance(value, str):
+        return None  # JSON numbers lose 64-bit ids in JavaScript: the API takes strings only
+    return validation.parse_task_id(value)
 
 
 def load_task(task_id: object) -> Task:

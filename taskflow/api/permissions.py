@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework.exceptions import NotAuthenticated, PermissionDenied
+from rest_framework.exceptions import MethodNotAllowed, NotAcceptable, NotAuthenticated, PermissionDenied
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
@@ -31,7 +31,11 @@ def require(request: Request, permission: str) -> None:
 
 
 class Needs(BasePermission):
-    """A permission class per HTTP method: `Needs.on(GET=VIEW, PATCH=CHANGE_CONFIG)`."""
+    """A permission class per HTTP method: `Needs.on(GET=VIEW, PATCH=CHANGE_CONFIG)`.
+
+    A method not named is refused (405) before any view code runs; HEAD needs what GET needs, and
+    OPTIONS (DRF's description of the view, which runs no view code) any logged-in user.
+    """
 
     by_method: dict[str, str] = {}
 
@@ -40,11 +44,16 @@ class Needs(BasePermission):
         return type("Needs", (cls,), {"by_method": by_method})
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        permission = self.by_method.get(request.method or "")
+        method = request.method or ""
         user = request.user
         if not (user and user.is_authenticated):
             raise NotAuthenticated()
-        if permission is not None and not user.has_perm(permission):
+        if method == "OPTIONS":
+            return True
+        permission = self.by_method.get("GET" if method == "HEAD" else method)
+        if permission is None:
+            raise MethodNotAllowed(method)
+        if not user.has_perm(permission):
             raise PermissionDenied(f"this needs the {permission} permission")
         return True
 
@@ -56,3 +65,17 @@ class LoggedIn(BasePermission):
         if not (request.user and request.user.is_authenticated):
             raise NotAuthenticated()
         return True
+
+
+class PermissionsBeforeNegotiation:
+    """A view mixin: a caller refused by the permissions hears that (401/403), not 406, whatever it accepts.
+
+    DRF negotiates the content type before it checks who is calling.
+    """
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        except NotAcceptable:
+            self.check_permissions(request)  # type: ignore[attr-defined]
+            raise

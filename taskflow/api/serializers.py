@@ -277,6 +277,29 @@ class HeldTaskSerializer(TaskSerializer):
         }
 
 
+# What an operator's change answers a user without view_task: the task's state and the fields an
+# operator changes, none of its data (payload, result, context, checkpoint, messages, ids of others).
+OPERATED_FIELDS = ("task_id", "task_type", "status", "priority", "max_retries", "run_after", "attempts", "updated_at")
+
+
+def operated_task(task: Task, *, can_view: bool) -> dict[str, Any]:
+    """The answer to an operator's change: the task as GET shows it, or only OPERATED_FIELDS without view_task."""
+    shown = TaskSerializer(task).data
+    return shown if can_view else {name: shown[name] for name in OPERATED_FIELDS}
+
+
+class SetAnswerSerializer(HeldTaskSerializer):
+    """The schema of a set's answer: a worker's report gets the task with its lease; an operator's change
+    the task without it, and a user without view_task only OPERATED_FIELDS (the others are optional here)."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        for name, field in fields.items():
+            if name not in OPERATED_FIELDS:
+                field.read_only, field.required = False, False  # for the schema: not always present
+        return fields
+
+
 class CreateTaskSerializer(StrictSerializer):
     """One task to create, with the options of taskflow.enqueue."""
 

@@ -39,7 +39,7 @@ def errors(*codes: int) -> dict[int, type[s.ErrorSerializer]]:
     return {code: s.ErrorSerializer for code in (*codes, 401, 403, 503)}
 
 
-class ApiView(APIView):
+class ApiView(perms.PermissionsBeforeNegotiation, APIView):
     """Token or session (with CSRF) authentication, strict bounded JSON, and the API's JSON errors."""
 
     authentication_classes = [TokenOrBearerAuthentication, SessionAuthentication]
@@ -189,10 +189,14 @@ class TaskSetView(ApiView):
     @extend_schema(
         operation_id="tasks_set",
         request=s.SetSerializer,
-        responses={200: s.HeldTaskSerializer, **errors(400, 404, 409, 413)},
+        responses={200: s.SetAnswerSerializer, **errors(400, 404, 409, 413)},
     )
     def post(self, request: Request, task_id: str) -> Response:
-        """A worker's report on its attempt (with `lease`), or one operator change (without)."""
+        """A worker's report on its attempt (with `lease`), or one operator change (without).
+
+        An operator's change answers the task as GET does, or only its state and the changed
+        fields to a user without view_task (docs/api.md).
+        """
         worker = isinstance(request.data, dict) and "lease" in request.data
         perms.require(request, perms.HOLD if worker else perms.OPERATE)
         task = load_task(task_id)
@@ -213,6 +217,8 @@ class TaskSetView(ApiView):
             if not result.changed:
                 why = ", ".join(sorted(result.skipped)) or "nothing to change"
                 raise NotApplicable(f"{result.action} does not apply to task {task.id}: {why}")
+            can_view = request.user.has_perm(perms.VIEW)
+            return Response(s.operated_task(load_task(task_id), can_view=can_view))
         return Response(s.HeldTaskSerializer(load_task(task_id)).data)  # with the lease: a checkpoint's new deadline
 
 

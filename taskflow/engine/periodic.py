@@ -49,6 +49,9 @@ KEY_PREFIX = "periodic:"
 MANUAL_SUFFIX = ":manual"
 # The fields a declaration sets; the rest of a row (when ticks are settled, the last run) is the engine's.
 DECLARED_FIELDS = ("task_type", "cron", "every", "timezone", "payload", "priority", "catch_up", "enabled")
+# What a schedule's tasks are: whoever sets these decides what tasks get made, so doing it (or
+# creating a schedule) needs the right to create tasks, taskflow.add_task (docs/periodic.md).
+TASK_FIELDS = ("task_type", "payload")
 # Changing one of these changes when the schedule ticks: ticks already past are then settled, not fired.
 TIMING_FIELDS = ("cron", "every", "timezone")
 MAX_EVERY = 366 * 86400

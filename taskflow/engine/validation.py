@@ -14,6 +14,9 @@ from ..conf import get_settings
 from ..exceptions import InvalidTask
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # django.tasks convention: higher runs first
+# Arrays and objects nested in stored JSON, at most: the outermost one is level 1, a scalar level 0.
+# MariaDB's JSON_VALID refuses 32 levels: 24 keeps a margin, the same on every database.
+MAX_JSON_DEPTH = 24
 # Matched whole (fullmatch): with re.match, "$" also matches before a trailing newline. The first
 # character is a letter so a type never reads as a command-line option or a reserved name ("*").
 TASK_TYPE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,99}")
@@ -51,8 +54,9 @@ def json_text(name: str, value: Any) -> str:
     """`value` as JSON text, or InvalidTask naming `name` if no database could store it as such.
 
     Refused: anything but strict JSON (no NaN, no sets, no objects), text over
-    TASKFLOW["MAX_PAYLOAD_BYTES"], and characters PostgreSQL cannot store (NUL, a lone surrogate),
-    so every database refuses the same values. Used for payloads, contexts, checkpoints and results.
+    TASKFLOW["MAX_PAYLOAD_BYTES"], arrays and objects nested deeper than MAX_JSON_DEPTH (MariaDB's
+    limit is 32), and characters PostgreSQL cannot store (NUL, a lone surrogate), so every database
+    refuses the same values. Used for payloads, contexts, checkpoints and results.
     """
     try:
         text = json.dumps(value, allow_nan=False)
@@ -64,12 +68,40 @@ def json_text(name: str, value: Any) -> str:
         raise InvalidTask(
             f"{name} is {len(text):,} bytes as JSON, over the limit of {limit:,} (TASKFLOW['MAX_PAYLOAD_BYTES'])"
         )
+    # Fewer brackets than the limit cannot nest past it (brackets inside strings only add to the count),
+    # so the walk runs only for values with many of them.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and json_depth(value) > MAX_JSON_DEPTH:
+        raise InvalidTask(
+            f"{name} nests arrays and objects more than {MAX_JSON_DEPTH} levels deep (the limit of stored JSON)"
+        )
     # Both searches run only when the cheap substring test finds a candidate.
     if "u0000" in text and _NUL_ESCAPE.search(text):
         raise InvalidTask(f"{name} contains a NUL character (\\u0000), which PostgreSQL cannot store")
     if "\\ud" in text and _LONE_SURROGATE_ESCAPE.search(text):
         raise InvalidTask(f"{name} contains a lone UTF-16 surrogate, which is not storable text")
     return text
+
+
+def json_depth(value: Any, stop_after: int = MAX_JSON_DEPTH) -> int:
+    """How deep arrays and objects nest in `value` (0 for a scalar, 1 for `[1, 2]`), counted up to `stop_after` + 1."""
+    depth = 0
+    level = [value]
+    while depth <= stop_after:
+        inner: list[Any] = []
+        containers = 0
+        for item in level:
+            if isinstance(item, dict):
+                inner.extend(item.values())
+            elif isinstance(item, (list, tuple)):  # json.dumps writes a tuple as an array
+                inner.extend(item)
+            else:
+                continue
+            containers += 1
+        if not containers:
+            break
+        depth += 1
+        level = inner
+    return depth
 
 
 def validate_key(key: object) -> str | None:
@@ -80,6 +112,20 @@ def validate_key(key: object) -> str | None:
 
 # The largest value a bigint column holds on every supported database (MAX_INT: an integer column).
 MAX_BIGINT = 2**63 - 1
+
+
+def parse_task_id(value: object) -> int | None:
+    """The task id in `value` (a decimal string, as ids are given out, or an int), or None if it cannot be one.
+
+    An id outside the bigint range is None here rather than an OverflowError at the query (SQLite).
+    """
+    if isinstance(value, str):
+        if not value.isascii() or not value.isdigit() or len(value) > 19:
+            return None
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 < value <= MAX_BIGINT else None
 
 
 def validate_non_negative_int(
