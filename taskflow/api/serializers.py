@@ -25,6 +25,7 @@ from .lookup import parse_task_id
 
 MAX_BULK = 1000
 MAX_BATCH = 1000
+MAX_ATTEMPT_KEY = 200  # an attempt key is 64 hex digits; anything else is refused as not the holder's
 # A due time a database stores everywhere, with room for the priority shift of order_time.
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
@@ -260,21 +261,32 @@ class TaskPageSerializer(serializers.Serializer):
 
 
 class HeldTaskSerializer(TaskSerializer):
-    """A task as a hold answers it: with the attempt's lease (fencing token) and deadline."""
+    """A task as a hold answers it: with the attempt's lease (fencing token) and deadline.
+
+    With `context={"worker_id": ...}` (a worker's own call), also the attempt's key: the secret its
+    holder alone is given, which every report, heartbeat and release of the attempt must present.
+    """
 
     lease = serializers.IntegerField(source="lease_token", read_only=True)
     lease_expires_at = serializers.DateTimeField(read_only=True)
+    attempt_key = serializers.CharField(
+        read_only=True, required=False, help_text="the holder's proof of this attempt (worker calls only)"
+    )
 
     class Meta(TaskSerializer.Meta):
-        fields = [*TaskSerializer.Meta.fields, "lease", "lease_expires_at"]
+        fields = [*TaskSerializer.Meta.fields, "lease", "lease_expires_at", "attempt_key"]
         read_only_fields = fields
 
     def to_representation(self, task: Task) -> dict[str, Any]:
-        return {
+        answer = {
             **super().to_representation(task),
             "lease": task.lease_token,
             "lease_expires_at": time_text(task.lease_expires_at),
         }
+        worker_id = self.context.get("worker_id")
+        if worker_id:
+            answer["attempt_key"] = remote.attempt_key(task.id, task.lease_token, worker_id)
+        return answer
 
 
 class CreateTaskSerializer(StrictSerializer):
@@ -294,9 +306,7 @@ class CreateTaskSerializer(StrictSerializer):
     trace_id = StrictText(required=False, max_length=32)
     retry_same_host = _count(required=False)
     # The task waits until these have succeeded (docs/dependencies.md); the engine checks they exist.
-    depends_on = serializers.ListField(
-        child=TaskIdField(), required=False, max_length=dependencies.MAX_DEPENDENCIES
-    )
+    depends_on = serializers.ListField(child=TaskIdField(), required=False, max_length=dependencies.MAX_DEPENDENCIES)
     on_dependency_failure = serializers.ChoiceField(choices=dependencies.ON_FAILURE, required=False)
 
 
@@ -313,10 +323,23 @@ class BulkResponseSerializer(serializers.Serializer):
     results = BulkResultSerializer(many=True)
 
 
+class RegisterWorkerSerializer(StrictSerializer):
+    """A remote worker introducing itself; the server issues its id from these."""
+
+    host = StrictText(max_length=remote.MAX_HOST, allow_blank=False)
+    pid = StrictInteger(min_value=0, max_value=validation.MAX_INT)
+    task_types = serializers.ListField(child=TaskTypeField(), min_length=1, max_length=remote.MAX_HOLD_TYPES)
+    concurrency = StrictInteger(min_value=1, max_value=remote.MAX_HOLD)
+
+
+class WorkerCredentialSerializer(serializers.Serializer):
+    worker_id = serializers.CharField(help_text="send it in the Taskflow-Worker-Id header of every worker call")
+    worker_key = serializers.CharField(help_text="send it in the Taskflow-Worker-Key header of every worker call")
+
+
 class HoldSerializer(StrictSerializer):
     task_types = serializers.ListField(child=TaskTypeField(), min_length=1, max_length=remote.MAX_HOLD_TYPES)
     limit = StrictInteger(min_value=1, max_value=remote.MAX_HOLD)
-    worker_id = StrictText(max_length=200, allow_blank=False, validators=[engine_rule(remote.validate_worker_id)])
 
 
 class HoldResponseSerializer(serializers.Serializer):
@@ -328,7 +351,18 @@ class HoldResponseSerializer(serializers.Serializer):
 WORKER_STATUSES = ("success", "failed", "pending")  # pending with a lease: snooze
 OPERATOR_STATUSES = ("stopped", "pending")
 OPERATOR_FIELDS = ("status", "run_after", "priority", "max_retries")
-WORKER_ONLY = ("result", "error", "detail", "retry", "stage", "context", "delay", "checkpoint", "cost_ms")
+WORKER_ONLY = (
+    "attempt_key",
+    "result",
+    "error",
+    "detail",
+    "retry",
+    "stage",
+    "context",
+    "delay",
+    "checkpoint",
+    "cost_ms",
+)
 # Per kind of worker report: the fields it may carry besides lease (and task_id in a batch).
 WORKER_KINDS = {
     "success": {"status", "result", "cost_ms"},
@@ -343,6 +377,9 @@ class SetSerializer(StrictSerializer):
     """One endpoint for both sides: with `lease` a worker's report, without it an operator's change."""
 
     lease = StrictInteger(required=False, min_value=0, max_value=validation.MAX_BIGINT)
+    attempt_key = StrictText(
+        required=False, max_length=MAX_ATTEMPT_KEY, help_text="with `lease`: the hold's attempt_key"
+    )
     status = serializers.ChoiceField(choices=sorted({*WORKER_STATUSES, *OPERATOR_STATUSES}), required=False)
     result = JsonValue(required=False, allow_null=True)
     error = StrictText(required=False, max_length=MAX_REASON)
@@ -366,7 +403,11 @@ class SetSerializer(StrictSerializer):
         return attrs
 
     def _worker_kind(self, attrs: dict[str, Any]) -> str:
-        given = set(attrs) - {"lease", "task_id"}
+        if "attempt_key" not in attrs:
+            raise serializers.ValidationError(
+                {"attempt_key": ["a worker's report carries the attempt_key its hold returned"]}
+            )
+        given = set(attrs) - {"lease", "attempt_key", "task_id"}
         if "status" in attrs:
             kind = attrs["status"]
             if kind not in WORKER_STATUSES:
@@ -414,6 +455,7 @@ class BatchSetItemSerializer(SetSerializer):
 class LeaseSerializer(StrictSerializer):
     task_id = TaskIdField()
     lease = StrictInteger(min_value=0, max_value=validation.MAX_BIGINT)
+    attempt_key = StrictText(max_length=MAX_ATTEMPT_KEY, help_text="the attempt_key its hold returned")
 
 
 class LeaseBatchSerializer(StrictSerializer):
@@ -421,11 +463,9 @@ class LeaseBatchSerializer(StrictSerializer):
 
 
 class HeartbeatSerializer(LeaseBatchSerializer):
-    """Leases to extend; with `worker_id`, also the worker's liveness beat listing every attempt it holds."""
+    """Leases to extend; with `beat: true`, instead the worker's liveness beat listing every attempt it holds."""
 
-    worker_id = StrictText(
-        required=False, max_length=200, allow_blank=False, validators=[engine_rule(remote.validate_worker_id)]
-    )
+    beat = StrictBoolean(required=False, default=False)
 
 
 class BatchResultSerializer(serializers.Serializer):
@@ -446,7 +486,7 @@ class HeartbeatResultSerializer(BatchResultSerializer):
 class HeartbeatResponseSerializer(serializers.Serializer):
     results = HeartbeatResultSerializer(many=True)
     handed_back = serializers.IntegerField(
-        required=False, help_text="with worker_id: attempts of this worker it did not list, handed back"
+        required=False, help_text="with beat: attempts of this worker it did not list, handed back"
     )
 
 
