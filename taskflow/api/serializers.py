@@ -306,7 +306,9 @@ class CreateTaskSerializer(StrictSerializer):
     trace_id = StrictText(required=False, max_length=32)
     retry_same_host = _count(required=False)
     # The task waits until these have succeeded (docs/dependencies.md); the engine checks they exist.
-    depends_on = serializers.ListField(child=TaskIdField(), required=False, max_length=dependencies.MAX_DEPENDENCIES)
+    depends_on = serializers.ListField(
+        child=TaskIdField(), required=False, max_length=dependencies.MAX_DEPENDENCIES
+    )
     on_dependency_failure = serializers.ChoiceField(choices=dependencies.ON_FAILURE, required=False)
 
 
