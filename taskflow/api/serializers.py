@@ -380,7 +380,7 @@ class SetSerializer(StrictSerializer):
 
     lease = StrictInteger(required=False, min_value=0, max_value=validation.MAX_BIGINT)
     attempt_key = StrictText(
-        required=False, max_length=MAX_ATTEMPT_KEY, help_text="with `lease`: the hold's attempt_key"
+        required=False, allow_blank=False, max_length=MAX_ATTEMPT_KEY, help_text="with `lease`: the hold's attempt_key"
     )
     status = serializers.ChoiceField(choices=sorted({*WORKER_STATUSES, *OPERATOR_STATUSES}), required=False)
     result = JsonValue(required=False, allow_null=True)
@@ -457,7 +457,7 @@ class BatchSetItemSerializer(SetSerializer):
 class LeaseSerializer(StrictSerializer):
     task_id = TaskIdField()
     lease = StrictInteger(min_value=0, max_value=validation.MAX_BIGINT)
-    attempt_key = StrictText(max_length=MAX_ATTEMPT_KEY, help_text="the attempt_key its hold returned")
+    attempt_key = StrictText(allow_blank=False, max_length=MAX_ATTEMPT_KEY, help_text="the hold's attempt_key")
 
 
 class LeaseBatchSerializer(StrictSerializer):
