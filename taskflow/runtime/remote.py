@@ -28,7 +28,6 @@ import logging
 import os
 import queue
 import re
-import secrets
 import socket
 import threading
 import time
@@ -59,11 +58,6 @@ def _parse_time(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def new_worker_id() -> str:
-    """host:pid:random, as the local worker's (runtime.worker.new_worker_id), so hosts read the same."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 def host_name() -> str:
