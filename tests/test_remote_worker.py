@@ -14,8 +14,10 @@ from urllib.parse import urlsplit
 
 import pytest
 from django.db.models import F
+from django.utils import timezone
 
 import taskflow
+from taskflow.engine import rescue
 from taskflow.engine.remote import HOLD_ANSWER_GRACE
 from taskflow.exceptions import InvalidTask, LeaseLost
 from taskflow.models import Status, Task
@@ -454,3 +456,30 @@ def test_a_handler_past_its_deadline_loses_its_attempt_and_its_thread_is_replace
     time.sleep(0.5)
     assert (row(stuck).status, row(stuck).result, len(row(stuck).schedule_log)) == (Status.FAILED, None, 1)
     assert worker.in_flight == 0 and worker.unreported == 0
+
+
+def test_a_worker_whose_credential_is_refused_registers_again_and_its_old_attempt_is_rescued(
+    remote, run_log: Path, settings
+) -> None:
+    """A new SECRET_KEY revokes every worker and attempt key: the worker carries on under a new id."""
+    task = taskflow.enqueue("test.sleep", {"seconds": 1.5}, max_retries=3)
+    worker = remote(["test.sleep"], concurrency=1)
+    wait_until(lambda: read_runs(run_log), timeout=30)
+    first_id = worker.worker_id
+    settings.SECRET_KEY = "a-rotated-secret-key-for-this-test-only-0123456789"
+    wait_until(lambda: worker.worker_id not in ("", first_id), timeout=15)
+    # The old attempt's report is refused (not this worker's any more) and dropped, not retried.
+    wait_until(lambda: worker.refused == 1, timeout=15)
+    assert (row(task).status, row(task).worker_id, row(task).result) == (Status.PROCESSING, first_id, None)
+    # The old id no longer beats: taskwatch's rescue takes the attempt back, and the new id runs it.
+    wait_until(lambda: rescue.rescue_dead_workers() == 1, timeout=15)
+    Task.objects.filter(pk=task.pk).update(run_after=timezone.now())
+    wait_until(finished(task), timeout=30)
+    got = row(task)
+    assert (got.status, got.attempts, got.result, got.worker_id) == (
+        Status.SUCCESS,
+        2,
+        {"slept": 1.5},
+        worker.worker_id,
+    )
+    assert worker.raised == [] and worker.thread.is_alive()
