@@ -402,7 +402,8 @@ class RemoteWorker:
             return 0, False
         limit = min(free, MAX_HOLD)
         if self.client.credential is None:
-            worker_id = self.client.register(host_name(), os.getpid(), self.task_types, self.concurrency)
+            concurrency = min(self.concurrency, MAX_HOLD)  # as the server counts it
+            worker_id = self.client.register(host_name(), os.getpid(), self.task_types, concurrency)
             log.info("registered as remote worker %s", worker_id)
         asked_at = time.monotonic()
         tasks, server_now = self.client.hold(self.task_types, limit)
