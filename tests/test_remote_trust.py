@@ -258,3 +258,17 @@ def test_registration_issues_an_id_bound_to_the_user_and_rotating_secret_key_rev
     with override_settings(SECRET_KEY="a-new-secret-key-for-this-test-only-0123456789"):
         status, body = api.post("/api/tasks/hold/", {"task_types": [T], "limit": 1})
         assert (status, body["error"]) == (403, "worker_refused")
+
+
+@pytest.mark.django_db
+def test_the_written_out_hold_answer_is_what_drf_would_write() -> None:
+    from rest_framework import serializers
+
+    from taskflow.api.serializers import HeldAttemptSerializer
+
+    taskflow.enqueue("api.job", {"a": 1})
+    [claimed] = remote.hold(["api.job"], 1, "host:1:w")
+    task = Task.objects.get(pk=claimed.id)
+    serializer = HeldAttemptSerializer(task, context={"worker_id": "host:1:w"})
+    assert serializer.data == serializers.ModelSerializer.to_representation(serializer, task)
+    assert serializer.data["attempt_key"] == remote.attempt_key(task.id, task.lease_token, "host:1:w")

@@ -261,32 +261,41 @@ class TaskPageSerializer(serializers.Serializer):
 
 
 class HeldTaskSerializer(TaskSerializer):
-    """A task as a hold answers it: with the attempt's lease (fencing token) and deadline.
-
-    With `context={"worker_id": ...}` (a worker's own call), also the attempt's key: the secret its
-    holder alone is given, which every report, heartbeat and release of the attempt must present.
-    """
+    """A task as a hold answers it: with the attempt's lease (fencing token) and deadline."""
 
     lease = serializers.IntegerField(source="lease_token", read_only=True)
     lease_expires_at = serializers.DateTimeField(read_only=True)
-    attempt_key = serializers.CharField(
-        read_only=True, required=False, help_text="the holder's proof of this attempt (worker calls only)"
-    )
 
     class Meta(TaskSerializer.Meta):
-        fields = [*TaskSerializer.Meta.fields, "lease", "lease_expires_at", "attempt_key"]
+        fields = [*TaskSerializer.Meta.fields, "lease", "lease_expires_at"]
         read_only_fields = fields
 
     def to_representation(self, task: Task) -> dict[str, Any]:
-        answer = {
+        return {
             **super().to_representation(task),
             "lease": task.lease_token,
             "lease_expires_at": time_text(task.lease_expires_at),
         }
-        worker_id = self.context.get("worker_id")
-        if worker_id:
-            answer["attempt_key"] = remote.attempt_key(task.id, task.lease_token, worker_id)
-        return answer
+
+
+class HeldAttemptSerializer(HeldTaskSerializer):
+    """A task held by the calling worker (`context={"worker_id": ...}`): also the attempt's key.
+
+    The key is the secret its holder alone is given; every report, checkpoint, heartbeat and
+    release of the attempt must present it.
+    """
+
+    attempt_key = serializers.SerializerMethodField(help_text="the holder's proof of this attempt (64 hex digits)")
+
+    class Meta(HeldTaskSerializer.Meta):
+        fields = [*HeldTaskSerializer.Meta.fields, "attempt_key"]
+        read_only_fields = fields
+
+    def get_attempt_key(self, task: Task) -> str:
+        return remote.attempt_key(task.id, task.lease_token, self.context["worker_id"])
+
+    def to_representation(self, task: Task) -> dict[str, Any]:
+        return {**super().to_representation(task), "attempt_key": self.get_attempt_key(task)}
 
 
 class CreateTaskSerializer(StrictSerializer):
@@ -345,7 +354,7 @@ class HoldSerializer(StrictSerializer):
 
 
 class HoldResponseSerializer(serializers.Serializer):
-    tasks = HeldTaskSerializer(many=True)
+    tasks = HeldAttemptSerializer(many=True)
 
 
 # -- set: a worker's report, or an operator's change --------------------------------------------------

@@ -216,7 +216,7 @@ class HoldView(ApiView):
             if c.id in rows:
                 rows[c.id].lease_token = c.lease_token  # the key proves the claim made here, whatever came since
                 tasks.append(rows[c.id])
-        return Response({"tasks": s.HeldTaskSerializer(tasks, many=True, context={"worker_id": worker_id}).data})
+        return Response({"tasks": s.HeldAttemptSerializer(tasks, many=True, context={"worker_id": worker_id}).data})
 
 
 # -- set: one task's report or operator change -----------------------------------------------------------
@@ -276,7 +276,7 @@ class TaskSetView(ApiView):
                 [refused_as] = remote.finish(worker_id, [remote_report(held, data)])
             if refused_as is not None:
                 raise refusal(refused_as)
-            return Response(s.HeldTaskSerializer(load_task(task_id), context={"worker_id": worker_id}).data)
+            return Response(s.HeldTaskSerializer(load_task(task_id)).data)
         else:
             change = data["kind"]
             operation = OPERATIONS[data["status"] if change == "status" else change]
