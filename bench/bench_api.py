@@ -125,16 +125,28 @@ def main() -> None:
     report("bulk create of 1,000 tasks", times, status, f", {1000 / (statistics.median(times) / 1000):,.0f} tasks/s")
 
     hold_times, report_times, held_total = [], [], 0
+    # A remote worker registers once; its issued id and key go with every later worker call.
+    worker = client.post(
+        "/api/workers/",
+        json.dumps({"host": "bench-host", "pid": 1, "task_types": ["bench.api"], "concurrency": 100}),
+        content_type="application/json",
+    ).json()
+    client.credentials(
+        **client._credentials,
+        HTTP_TASKFLOW_WORKER_ID=worker["worker_id"],
+        HTTP_TASKFLOW_WORKER_KEY=worker["worker_key"],
+    )
     for _ in range(args.repeat):
         began = time.perf_counter()
         held = client.post(
             tasks + "hold/",
-            json.dumps({"task_types": ["bench.api"], "limit": 100, "worker_id": "bench-host:1:api"}),
+            json.dumps({"task_types": ["bench.api"], "limit": 100}),
             content_type="application/json",
         ).json()["tasks"]
         hold_times.append((time.perf_counter() - began) * 1000)
         held_total += len(held)
-        items = [{"task_id": t["task_id"], "lease": t["lease"], "status": "success", "result": None} for t in held]
+        fences = [{"task_id": t["task_id"], "lease": t["lease"], "attempt_key": t["attempt_key"]} for t in held]
+        items = [{**fence, "status": "success", "result": None} for fence in fences]
         began = time.perf_counter()
         response = client.post(tasks + "set/", json.dumps({"items": items}), content_type="application/json")
         report_times.append((time.perf_counter() - began) * 1000)

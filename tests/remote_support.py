@@ -29,7 +29,9 @@ def require_liveness_beat(api_url: str, token: str) -> None:
     from taskflow.runtime.remote_client import ApiClient, Rejected
 
     try:
-        ApiClient(api_url, token).beat("probe-host:1:000000", [])
+        client = ApiClient(api_url, token)
+        client.register("probe-host", 1, ["probe.type"], 1)
+        client.beat([])
     except Rejected as exc:
         pytest.skip(f"the API does not take a remote worker's liveness beat yet ({exc.status}: {exc.body})")
 
@@ -108,3 +110,17 @@ class CuttableProxy:
             for s in (source, sink):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+def register_worker(api, host: str = "remote-host", pid: int = 4242, task_types: tuple[str, ...] = ("api.job",)) -> str:  # noqa: ANN001
+    """Register a remote worker for `api`'s user (tests.apiclients.Api); its later calls carry the issued id and key."""
+    body = {"host": host, "pid": pid, "task_types": list(task_types), "concurrency": 4}
+    status, answer = api.post("/api/workers/", body)
+    assert status == 201, answer
+    headers = {
+        "HTTP_TASKFLOW_WORKER_ID": answer["worker_id"],
+        "HTTP_TASKFLOW_WORKER_KEY": answer["worker_key"],
+    }
+    api.client.credentials(**{**api.client._credentials, **headers})
+    api.worker_id, api.worker_key = answer["worker_id"], answer["worker_key"]
+    return answer["worker_id"]

@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 import taskflow
 from taskflow.models import ScheduleCfg, Task, TaskKey
 from tests.apiclients import ROLES, Api, api_as, user_with
+from tests.remote_support import register_worker
 
 pytestmark = pytest.mark.django_db
 T = "api.job"
@@ -106,6 +107,7 @@ NEEDS = {
     ("post", "/api/tasks/"): "add_task",
     ("post", "/api/tasks/bulk/"): "add_task",
     ("get", "/api/tasks/{id}/"): "view_task",
+    ("post", "/api/workers/"): "hold_task",
     ("post", "/api/tasks/hold/"): "hold_task",
     ("post", "/api/tasks/set/"): "hold_task",
     ("post", "/api/tasks/heartbeat/"): "hold_task",
@@ -117,7 +119,8 @@ NEEDS = {
 BODIES = {
     "/api/tasks/": {"task_type": T},
     "/api/tasks/bulk/": {"tasks": [{"task_type": T}]},
-    "/api/tasks/hold/": {"task_types": [T], "limit": 1, "worker_id": "h:1:w"},
+    "/api/workers/": {"host": "h", "pid": 1, "task_types": [T], "concurrency": 1},
+    "/api/tasks/hold/": {"task_types": [T], "limit": 1},
     "/api/tasks/set/": {"items": []},
     "/api/tasks/heartbeat/": {"items": []},
     "/api/tasks/release/": {"items": []},
@@ -128,6 +131,8 @@ BODIES = {
 @pytest.mark.parametrize("role", ["nobody", "producer", "worker", "operator"])
 def test_each_role_reaches_exactly_the_endpoints_its_permissions_allow(role: str) -> None:
     api = api_as(role)
+    if "hold_task" in ROLES[role]:
+        register_worker(api, task_types=(T,))  # worker calls carry the worker credential it was issued
     task = taskflow.enqueue(T)
     ScheduleCfg.objects.get_or_create(task_type=T)
     for (method, pattern), permission in NEEDS.items():

@@ -37,18 +37,22 @@ def test_concurrent_remote_workers_each_get_distinct_tasks_and_every_task_ends_o
         session = requests.Session()
         session.headers["Authorization"] = f"Bearer {worker_token}"
         try:
+            body = {"host": "live-host", "pid": number, "task_types": [T], "concurrency": 7}
+            answer = session.post(f"{live_server.url}/api/workers/", json=body, timeout=60)
+            answer.raise_for_status()
+            session.headers["Taskflow-Worker-Id"] = answer.json()["worker_id"]
+            session.headers["Taskflow-Worker-Key"] = answer.json()["worker_key"]
             while True:
                 answer = session.post(
-                    f"{live_server.url}/api/tasks/hold/",
-                    json={"task_types": [T], "limit": 7, "worker_id": f"live-host:{number}:w"},
-                    timeout=60,
+                    f"{live_server.url}/api/tasks/hold/", json={"task_types": [T], "limit": 7}, timeout=60
                 )
                 answer.raise_for_status()
                 tasks = answer.json()["tasks"]
                 if not tasks:
                     return
                 items = [
-                    {"task_id": t["task_id"], "lease": t["lease"], "status": "success", "result": t["payload"]["n"]}
+                    {"task_id": t["task_id"], "lease": t["lease"], "attempt_key": t["attempt_key"]}
+                    | {"status": "success", "result": t["payload"]["n"]}
                     for t in tasks
                 ]
                 # Each report sent twice: the second is a repeat the server must refuse.

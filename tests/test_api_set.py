@@ -13,15 +13,20 @@ from taskflow.engine import rescue
 from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task, TaskEvent, WorkerProcess
 from tests.apiclients import Api, api_as
+from tests.remote_support import register_worker
 
 pytestmark = pytest.mark.django_db
 T = "api.job"
-WORKER_ID = "remote-host:4242:ab12cd"
+
+
+def registered(api: Api, host: str = "remote-host") -> Api:
+    register_worker(api, host=host)
+    return api
 
 
 @pytest.fixture
 def worker() -> Api:
-    return api_as("worker")
+    return registered(api_as("worker"))
 
 
 @pytest.fixture
@@ -29,14 +34,21 @@ def operator() -> Api:
     return api_as("operator")
 
 
-def hold(api: Api, limit: int = 10, types: list[str] | None = None, worker_id: str = WORKER_ID) -> list[dict]:
-    status, body = api.post("/api/tasks/hold/", {"task_types": types or [T], "limit": limit, "worker_id": worker_id})
+def hold(api: Api, limit: int = 10, types: list[str] | None = None) -> list[dict]:
+    status, body = api.post("/api/tasks/hold/", {"task_types": types or [T], "limit": limit})
     assert status == 200, body
     return body["tasks"]
 
 
+def fence(held: dict, **changes: object) -> dict:
+    """What names an attempt in a batch: task, lease and the attempt key the hold gave."""
+    return {"task_id": held["task_id"], "lease": held["lease"], "attempt_key": held["attempt_key"], **changes}
+
+
 def report(api: Api, held: dict, **body: object) -> tuple[int, dict]:
-    return api.post(f"/api/tasks/{held['task_id']}/set/", {"lease": held["lease"], **body})
+    return api.post(
+        f"/api/tasks/{held['task_id']}/set/", {"lease": held["lease"], "attempt_key": held["attempt_key"], **body}
+    )
 
 
 def row(held: dict) -> Task:
@@ -54,13 +66,14 @@ def test_hold_claims_due_tasks_with_their_leases_and_registers_the_worker(worker
     assert len(held) == 2 and {h["task_id"] for h in held} <= {str(t.id) for t in tasks}
     for h in held:
         task = row(h)
-        assert (task.status, task.worker_id, task.attempts) == (Status.PROCESSING, WORKER_ID, 1)
-        assert h["lease"] == task.lease_token and h["status"] == "processing"
+        assert (task.status, task.worker_id, task.attempts) == (Status.PROCESSING, worker.worker_id, 1)
+        assert h["lease"] == task.lease_token and h["status"] == "processing" and len(h["attempt_key"]) == 64
         assert h["lease_expires_at"] is not None and h["payload"] in ({"i": 0}, {"i": 1}, {"i": 2})
     assert len(hold(worker, limit=10)) == 1
     assert hold(worker, limit=10) == []
-    process = WorkerProcess.objects.get(worker_id=WORKER_ID)
+    process = WorkerProcess.objects.get(worker_id=worker.worker_id)
     assert process.host == "remote-host" and process.task_types == [T]
+    assert worker.worker_id.startswith("remote-host:4242:")
 
 
 def test_hold_skips_paused_types_and_respects_concurrency_limits(worker: Api) -> None:
@@ -74,20 +87,17 @@ def test_hold_skips_paused_types_and_respects_concurrency_limits(worker: Api) ->
 
 
 BAD_HOLDS = [
-    ({"task_types": [T], "limit": 0, "worker_id": WORKER_ID}, "limit"),
-    ({"task_types": [T], "limit": 100_000, "worker_id": WORKER_ID}, "limit"),
-    ({"task_types": [T], "limit": "5", "worker_id": WORKER_ID}, "limit"),
-    ({"task_types": [T], "worker_id": WORKER_ID}, "limit"),
-    ({"task_types": [], "limit": 1, "worker_id": WORKER_ID}, "task_types"),
-    ({"task_types": ["no spaces"], "limit": 1, "worker_id": WORKER_ID}, "task_types[0]"),
-    ({"task_types": T, "limit": 1, "worker_id": WORKER_ID}, "task_types"),
-    ({"limit": 1, "worker_id": WORKER_ID}, "task_types"),
-    ({"task_types": [T], "limit": 1}, "worker_id"),
-    ({"task_types": [T], "limit": 1, "worker_id": ""}, "worker_id"),
-    ({"task_types": [T], "limit": 1, "worker_id": "evil worker\n"}, "worker_id"),
-    ({"task_types": [T], "limit": 1, "worker_id": "w" * 201}, "worker_id"),
-    ({"task_types": [T], "limit": 1, "worker_id": 7}, "worker_id"),
-    ({"task_types": [T], "limit": 1, "worker_id": WORKER_ID, "extra": 1}, "extra"),
+    ({"task_types": [T], "limit": 0}, "limit"),
+    ({"task_types": [T], "limit": 100_000}, "limit"),
+    ({"task_types": [T], "limit": "5"}, "limit"),
+    ({"task_types": [T]}, "limit"),
+    ({"task_types": [], "limit": 1}, "task_types"),
+    ({"task_types": ["no spaces"], "limit": 1}, "task_types[0]"),
+    ({"task_types": T, "limit": 1}, "task_types"),
+    ({"limit": 1}, "task_types"),
+    # The worker is who its credential proves, never a name in the body.
+    ({"task_types": [T], "limit": 1, "worker_id": "other-host:1:abc"}, "worker_id"),
+    ({"task_types": [T], "limit": 1, "extra": 1}, "extra"),
 ]
 
 
@@ -98,7 +108,7 @@ def test_bad_holds_are_400s_and_claim_nothing(worker: Api, body: dict, field: st
     assert (status, answer["error"]) == (400, "invalid") and field in answer["fields"], answer
     task.refresh_from_db()
     assert task.status == Status.PENDING
-    assert not WorkerProcess.objects.exists()
+    assert list(WorkerProcess.objects.values_list("worker_id", flat=True)) == [worker.worker_id]
 
 
 # -- worker reports through the single set ----------------------------------------------------------------
@@ -165,11 +175,12 @@ def test_a_snooze_report_requeues_without_using_an_attempt(worker: Api) -> None:
 
 def test_a_zombie_report_after_the_task_was_rescued_and_claimed_again_is_refused(worker: Api) -> None:
     taskflow.enqueue(T, max_retries=5)
-    [first] = hold(worker, worker_id="slow-host:1:aaaaaa")
+    fast = registered(Api(worker.user), host="fast-host")
+    [first] = hold(worker)
     Task.objects.filter(pk=int(first["task_id"])).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert rescue.rescue_expired_attempts() == 1
     Task.objects.filter(pk=int(first["task_id"])).update(run_after=timezone.now())
-    [second] = hold(worker, worker_id="fast-host:2:bbbbbb")
+    [second] = hold(fast)
     assert second["task_id"] == first["task_id"] and second["lease"] > first["lease"]
 
     for body in ({"status": "success", "result": "zombie"}, {"checkpoint": 1}, {"stage": "x"}):
@@ -178,11 +189,13 @@ def test_a_zombie_report_after_the_task_was_rescued_and_claimed_again_is_refused
     task = row(second)
     assert (task.status, task.worker_id, task.result, task.checkpoint) == (
         Status.PROCESSING,
-        "fast-host:2:bbbbbb",
+        fast.worker_id,
         None,
         None,
     )
-    assert report(worker, second, status="success", result="live")[0] == 200
+    # The slow worker cannot report the fast one's attempt even with its key: it is not its holder.
+    assert report(worker, second, status="success", result="stolen")[0] == 403
+    assert report(fast, second, status="success", result="live")[0] == 200
     assert row(second).result == "live"
 
 
@@ -221,13 +234,16 @@ def test_malformed_reports_are_400s_and_change_nothing(worker: Api, body: dict, 
     assert task.status == Status.PROCESSING and task.lease_token == held["lease"]
 
 
-def test_a_report_for_an_unknown_task_is_404_and_a_wrong_lease_409(worker: Api) -> None:
+def test_a_report_for_an_unknown_task_is_404_and_a_lease_not_given_403(worker: Api) -> None:
     taskflow.enqueue(T)
     [held] = hold(worker)
     status, body = worker.post("/api/tasks/999/set/", {"lease": 1, "status": "success", "result": 1})
     assert (status, body["error"]) == (404, "not_found")
     status, body = report(worker, {**held, "lease": held["lease"] + 1}, status="success", result=1)
-    assert (status, body["error"]) == (409, "lease_lost")
+    assert (status, body["error"]) == (403, "forbidden")
+    status, body = worker.post(f"/api/tasks/{held['task_id']}/set/", {"lease": held["lease"], "checkpoint": 1})
+    assert (status, body["error"]) == (400, "invalid") and "attempt_key" in body["fields"]
+    assert row(held).status == Status.PROCESSING and row(held).checkpoint is None
 
 
 def test_worker_reports_need_hold_task_and_operator_changes_operate_task(worker: Api, operator: Api) -> None:
@@ -313,14 +329,17 @@ def test_malformed_operator_changes_are_400s_and_change_nothing(operator: Api, b
 def test_batch_set_applies_each_report_and_refuses_stale_or_invalid_ones_alone(worker: Api) -> None:
     taskflow.enqueue_many([{"task_type": T, "max_retries": 2}] * 4)
     a, b, c, d = hold(worker)
+    taskflow.terminate([int(b["task_id"])], by="ops")
     items = [
-        {"task_id": a["task_id"], "lease": a["lease"], "status": "success", "result": "A"},
-        {"task_id": b["task_id"], "lease": b["lease"] + 5, "status": "success", "result": "B"},
-        {"task_id": c["task_id"], "lease": c["lease"], "status": "failed", "error": "x", "retry": False},
-        {"task_id": d["task_id"], "lease": d["lease"], "status": "success"},
-        {"task_id": d["task_id"], "lease": d["lease"], "checkpoint": {"at": 3}},
-        {"task_id": a["task_id"], "lease": a["lease"], "status": "success", "result": "again"},
-        {"task_id": "999", "lease": 1, "stage": "next"},
+        fence(a, status="success", result="A"),
+        fence(b, status="success", result="B"),
+        fence(c, status="failed", error="x", retry=False),
+        fence(d, status="success"),
+        fence(d, checkpoint={"at": 3}),
+        fence(a, status="success", result="again"),
+        {"task_id": "999", "lease": 1, "attempt_key": "0" * 64, "stage": "next"},
+        fence(d, lease=d["lease"] + 1, checkpoint={"at": 4}),
+        {**fence(d), "checkpoint": {"at": 5}, "attempt_key": a["attempt_key"]},
     ]
     status, body = worker.post("/api/tasks/set/", {"items": items})
     assert status == 200
@@ -332,11 +351,13 @@ def test_batch_set_applies_each_report_and_refuses_stale_or_invalid_ones_alone(w
         (d["task_id"], "refused", "invalid"),
         (d["task_id"], "applied", None),
         (a["task_id"], "refused", "lease_lost"),
-        ("999", "refused", "lease_lost"),
+        ("999", "refused", "forbidden"),
+        (d["task_id"], "refused", "forbidden"),
+        (d["task_id"], "refused", "forbidden"),
     ]
     assert [row(h).status for h in (a, b, c, d)] == [
         Status.SUCCESS,
-        Status.PROCESSING,
+        Status.STOPPED,
         Status.FAILED,
         Status.PROCESSING,
     ]
@@ -348,13 +369,13 @@ def test_heartbeats_extend_held_attempts_and_count_as_the_workers_liveness(worke
     a, b = hold(worker)
     Task.objects.update(lease_expires_at=timezone.now())
     WorkerProcess.objects.update(heartbeat_at=timezone.now() - timedelta(minutes=5))
-    items = [{"task_id": a["task_id"], "lease": a["lease"]}, {"task_id": b["task_id"], "lease": b["lease"] - 1}]
+    items = [fence(a), fence(b, lease=b["lease"] - 1)]
     status, body = worker.post("/api/tasks/heartbeat/", {"items": items})
     assert status == 200
-    assert [(r["outcome"], r.get("error")) for r in body["results"]] == [("applied", None), ("refused", "lease_lost")]
+    assert [(r["outcome"], r.get("error")) for r in body["results"]] == [("applied", None), ("refused", "forbidden")]
     assert row(a).lease_expires_at > timezone.now() + timedelta(seconds=90)
     assert row(b).lease_expires_at < timezone.now()
-    beat = WorkerProcess.objects.get(worker_id=WORKER_ID).heartbeat_at
+    beat = WorkerProcess.objects.get(worker_id=worker.worker_id).heartbeat_at
     assert beat > timezone.now() - timedelta(seconds=30)
     assert rescue.rescue_dead_workers() == 0
 
@@ -371,7 +392,7 @@ def test_a_remote_worker_that_stops_calling_is_rescued_like_a_local_one(worker: 
 def test_release_hands_unstarted_tasks_back_without_using_an_attempt(worker: Api) -> None:
     taskflow.enqueue_many([{"task_type": T}] * 2)
     a, b = hold(worker)
-    items = [{"task_id": a["task_id"], "lease": a["lease"]}, {"task_id": b["task_id"], "lease": b["lease"]}] * 2
+    items = [fence(a), fence(b)] * 2
     status, body = worker.post("/api/tasks/release/", {"items": items})
     assert status == 200
     assert [r["outcome"] for r in body["results"]] == ["applied", "applied", "refused", "refused"]
@@ -409,12 +430,10 @@ def test_batches_refuse_items_without_a_well_formed_task_id_and_lease_with_400(
 
 
 def test_a_heartbeat_answers_each_new_deadline() -> None:
-    worker = api_as("worker")
+    worker = registered(api_as("worker"))
     taskflow.enqueue(T, timeout=120)
     [held] = hold(worker)
-    status, body = worker.post(
-        "/api/tasks/heartbeat/", {"items": [{"task_id": held["task_id"], "lease": held["lease"]}]}
-    )
+    status, body = worker.post("/api/tasks/heartbeat/", {"items": [fence(held)]})
     assert status == 200 and "handed_back" not in body
     [result] = body["results"]
     assert result["lease_expires_at"] == HeldTaskSerializer(row(held)).data["lease_expires_at"]
@@ -425,40 +444,33 @@ def test_a_liveness_beat_names_the_worker_and_hands_back_what_it_does_not_know_i
     taskflow.enqueue_many([{"task_type": T}] * 3)
     known, lost = hold(worker, limit=1), hold(worker, limit=2)  # the second hold's answer "never arrived"
     WorkerProcess.objects.all().delete()
-    fence = [{"task_id": h["task_id"], "lease": h["lease"]} for h in known]
-    status, body = worker.post("/api/tasks/heartbeat/", {"worker_id": WORKER_ID, "items": fence})
+    listed = [fence(h) for h in known]
+    status, body = worker.post("/api/tasks/heartbeat/", {"beat": True, "items": listed})
     assert status == 200 and body["handed_back"] == 0  # claimed just now: perhaps still on its way
-    assert WorkerProcess.objects.filter(worker_id=WORKER_ID).exists()
+    assert WorkerProcess.objects.filter(worker_id=worker.worker_id).exists()
     Task.objects.update(started_at=timezone.now() - timedelta(seconds=10))
-    status, body = worker.post("/api/tasks/heartbeat/", {"worker_id": WORKER_ID, "items": fence})
+    status, body = worker.post("/api/tasks/heartbeat/", {"beat": True, "items": listed})
     assert status == 200 and body["handed_back"] == 2 and body["results"][0]["outcome"] == "applied"
     assert [row(h).status for h in lost] == [Status.PENDING, Status.PENDING]
     assert [row(h).attempts for h in lost] == [0, 0]
     assert row(known[0]).status == Status.PROCESSING
     # An idle worker beats with no items; another worker's attempts are never touched.
-    status, body = worker.post("/api/tasks/heartbeat/", {"worker_id": "other-host:1:zz", "items": []})
+    other = registered(Api(worker.user), host="other-host")
+    status, body = other.post("/api/tasks/heartbeat/", {"beat": True, "items": []})
     assert (status, body) == (200, {"results": [], "handed_back": 0})
     assert row(known[0]).status == Status.PROCESSING
-    status, body = worker.post("/api/tasks/heartbeat/", {"worker_id": "bad id", "items": []})
+    status, body = worker.post("/api/tasks/heartbeat/", {"worker_id": other.worker_id, "items": []})
     assert status == 400 and "worker_id" in body["fields"]
 
 
-def test_a_workers_liveness_beat_checks_its_leases_and_extends_no_deadline() -> None:
-    """With worker_id a heartbeat is the worker's beat: it answers which leases hold and writes no deadline."""
-    from taskflow.engine import remote as engine_remote
-
-    taskflow.enqueue("api.beat", {}, timeout=60)
-    [held] = engine_remote.hold(["api.beat"], 1, "beat-host:1:x")
-    before = Task.objects.get(pk=held.id).lease_expires_at
-    worker = api_as("worker")
-    status, body = worker.post(
-        "/api/tasks/heartbeat/",
-        {"worker_id": "beat-host:1:x", "items": [{"task_id": str(held.id), "lease": held.lease_token}]},
-    )
+def test_a_workers_liveness_beat_checks_its_leases_and_extends_no_deadline(worker: Api) -> None:
+    """With `beat` a heartbeat is the worker's beat: it answers which leases hold and writes no deadline."""
+    taskflow.enqueue(T, {}, timeout=60)
+    [held] = hold(worker)
+    before = row(held).lease_expires_at
+    status, body = worker.post("/api/tasks/heartbeat/", {"beat": True, "items": [fence(held)]})
     assert status == 200 and body["results"][0]["outcome"] == "applied", body
-    assert Task.objects.get(pk=held.id).lease_expires_at == before
-    status, body = worker.post(
-        "/api/tasks/heartbeat/",
-        {"worker_id": "beat-host:1:x", "items": [{"task_id": str(held.id), "lease": held.lease_token + 1}]},
-    )
-    assert body["results"][0] == {"task_id": str(held.id), "outcome": "refused", "error": "lease_lost"}
+    assert row(held).lease_expires_at == before
+    taskflow.terminate([int(held["task_id"])], by="ops")
+    status, body = worker.post("/api/tasks/heartbeat/", {"beat": True, "items": [fence(held)]})
+    assert body["results"][0] == {"task_id": held["task_id"], "outcome": "refused", "error": "lease_lost"}

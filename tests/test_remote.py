@@ -18,7 +18,7 @@ W = "host-r:7:abc"
 
 
 def held(task) -> remote.Held:  # noqa: ANN001
-    return remote.Held(task.id, task.lease_token)
+    return remote.Held(task.id, task.lease_token, remote.attempt_key(task.id, task.lease_token, W))
 
 
 def test_worker_ids_look_like_local_ones() -> None:
@@ -48,8 +48,8 @@ def test_a_report_repeated_in_one_call_or_a_later_one_is_applied_once() -> None:
     taskflow.enqueue(T)
     [task] = remote.hold([T], 1, W)
     report = remote.RemoteReport(held(task), Outcome.SUCCESS, result=1)
-    assert remote.finish([report, report]) == [True, False]
-    assert remote.finish([report]) == [False]
+    assert remote.finish(W, [report, report]) == [None, remote.Refused.LEASE_LOST]
+    assert remote.finish(W, [report]) == [remote.Refused.LEASE_LOST]
     assert Task.objects.get(pk=task.id).status == Status.SUCCESS
 
 
@@ -57,12 +57,13 @@ def test_an_unstorable_checkpoint_writes_nothing_and_a_stale_lease_extends_nothi
     taskflow.enqueue(T)
     [task] = remote.hold([T], 1, W)
     with pytest.raises(InvalidTask):
-        remote.extend([(held(task), ...), (held(task), {"bad": float("nan")})])
+        remote.extend(W, [(held(task), ...), (held(task), {"bad": float("nan")})])
     before = Task.objects.get(pk=task.id)
-    assert remote.extend([(remote.Held(task.id, task.lease_token + 1), {"c": 1})]) == [None]
+    stale = remote.Held(task.id, task.lease_token + 1, remote.attempt_key(task.id, task.lease_token + 1, W))
+    assert remote.extend(W, [(stale, {"c": 1})]) == [remote.Refused.LEASE_LOST]
     after = Task.objects.get(pk=task.id)
     assert (after.checkpoint, after.lease_expires_at) == (before.checkpoint, before.lease_expires_at)
-    [deadline] = remote.extend([(held(task), {"c": 2})])
+    [deadline] = remote.extend(W, [(held(task), {"c": 2})])
     assert deadline is not None and Task.objects.get(pk=task.id).checkpoint == {"c": 2}
 
 
@@ -71,7 +72,7 @@ def test_a_remote_worker_cannot_report_what_only_the_server_decides() -> None:
     [task] = remote.hold([T], 1, W)
     for outcome in (Outcome.RESCUED, Outcome.TERMINATED, Outcome.LOST):
         with pytest.raises(InvalidTask):
-            remote.finish([remote.RemoteReport(held(task), outcome)])
+            remote.finish(W, [remote.RemoteReport(held(task), outcome)])
     assert Task.objects.get(pk=task.id).status == Status.PROCESSING
 
 
@@ -84,7 +85,7 @@ def test_limited_types_hold_redis_slots_until_the_report(redis_client, django_ca
     assert len(tasks) == 3 and limiter.held_slots(T) == 3
     assert remote.hold([T], 10, W) == []
     with django_capture_on_commit_callbacks(execute=True):
-        assert remote.release([held(t) for t in tasks[:2]]) == [True, True]
+        assert remote.release(W, [held(t) for t in tasks[:2]]) == [None, None]
     assert limiter.held_slots(T) == 1
     with django_capture_on_commit_callbacks(execute=True):
         assert len(remote.hold([T], 10, W)) == 2

@@ -14,12 +14,14 @@ from urllib.parse import urlsplit
 
 import pytest
 from django.db.models import F
+from django.utils import timezone
 
 import taskflow
+from taskflow.engine import rescue
 from taskflow.engine.remote import HOLD_ANSWER_GRACE
 from taskflow.exceptions import InvalidTask, LeaseLost
 from taskflow.models import Status, Task
-from taskflow.runtime.remote import HttpChannel, RemoteAttempt, RemoteWorker
+from taskflow.runtime.remote import HttpChannel, RemoteAttempt, RemoteWorker, host_name
 from taskflow.runtime.remote_client import ApiClient
 
 from .conftest import REPO, read_runs, run_in_thread, wait_until
@@ -80,9 +82,11 @@ def row(task: Task) -> Task:
     return Task.objects.get(pk=task.pk)
 
 
-def held_attempt(client: ApiClient, task_type: str, worker_id: str = "test-host:1:abc") -> RemoteAttempt:
+def held_attempt(client: ApiClient, task_type: str) -> RemoteAttempt:
+    if client.credential is None:
+        client.register("test-host", 1, [task_type], 1)
     asked = time.monotonic()
-    [task], clock = client.hold([task_type], 1, worker_id)
+    [task], clock = client.hold([task_type], 1)
     return RemoteAttempt.from_json(task, asked, clock)
 
 
@@ -181,7 +185,7 @@ def test_a_checkpoint_over_http_is_saved_and_extends_the_deadline(api_url: str, 
     client = ApiClient(api_url, token)
     attempt = held_attempt(client, "test.record")
     before = row(task).lease_expires_at
-    channel = HttpChannel(client, attempt, worker_id="test-host:1:abc")
+    channel = HttpChannel(client, attempt)
     time.sleep(0.05)
     deadline = channel.heartbeat({"done": 3})
     saved = row(task)
@@ -195,7 +199,7 @@ def test_a_checkpoint_the_server_refuses_raises_invalid_task_and_changes_nothing
     settings.TASKFLOW = {**settings.TASKFLOW, "MAX_PAYLOAD_BYTES": 2048}
     task = taskflow.enqueue("test.record", {})
     client = ApiClient(api_url, token)
-    channel = HttpChannel(client, held_attempt(client, "test.record"), worker_id="test-host:1:abc")
+    channel = HttpChannel(client, held_attempt(client, "test.record"))
     before = Task.objects.filter(pk=task.pk).values().get()
     with pytest.raises(InvalidTask, match="checkpoint"):
         channel.heartbeat({"data": "x" * 3000})
@@ -208,7 +212,7 @@ def test_a_heartbeat_or_checkpoint_of_an_attempt_taken_away_raises_lease_lost(ap
     task = taskflow.enqueue("test.record", {})
     client = ApiClient(api_url, token)
     attempt = held_attempt(client, "test.record")
-    channel = HttpChannel(client, attempt, worker_id="test-host:1:abc")
+    channel = HttpChannel(client, attempt)
     take_away(task)
     before = Task.objects.filter(pk=task.pk).values().get()
     with pytest.raises(LeaseLost):
@@ -225,7 +229,7 @@ def test_a_heartbeat_retries_through_an_outage_then_raises_lease_lost_when_the_l
     task = taskflow.enqueue("test.record", {})
     client = ApiClient(proxy.url + "/api/", token, timeout=2)
     attempt = held_attempt(client, "test.record")
-    channel = HttpChannel(client, attempt, worker_id="test-host:1:abc")
+    channel = HttpChannel(client, attempt)
 
     # Back within the lease: the heartbeat gets through and extends it.
     proxy.cut()
@@ -395,10 +399,11 @@ def test_a_beat_hands_back_tasks_whose_hold_answer_was_lost(api_url: str, token:
     require_liveness_beat(api_url, token)
     tasks = [taskflow.enqueue("test.record", {"n": n}) for n in range(3)]
     client = ApiClient(api_url, token)
+    client.register("lost-host", 1, ["test.record"], 1)
     # Claimed for this worker, but the answer never reached it (the server died before replying).
-    client.hold(["test.record"], 3, "lost-host:1:abc")
+    client.hold(["test.record"], 3)
     assert Task.objects.filter(pk__in=[t.pk for t in tasks], status=Status.PROCESSING).count() == 3
-    worker = RemoteWorker(client, ["test.record"], worker_id="lost-host:1:abc", concurrency=1)
+    worker = RemoteWorker(client, ["test.record"], concurrency=1)
     worker._maybe_beat()  # too soon: the server leaves a hold that may still be answering alone
     assert Task.objects.filter(pk__in=[t.pk for t in tasks], status=Status.PROCESSING).count() == 3
     time.sleep(HOLD_ANSWER_GRACE + 0.2)
@@ -424,12 +429,13 @@ def test_a_report_batch_over_the_servers_request_limit_is_split_until_it_fits(re
 def test_a_liveness_beat_moves_no_deadline_so_a_stuck_remote_handler_still_times_out(api_url: str, token: str) -> None:
     task = taskflow.enqueue("test.record", {}, timeout=60)
     client = ApiClient(api_url, token)
-    worker = RemoteWorker(client, ["test.record"], worker_id="beat-host:1:abc", concurrency=1)
+    worker = RemoteWorker(client, ["test.record"], concurrency=1)
     assert worker._hold() == (1, True)
+    assert worker.worker_id.startswith(f"{host_name()}:{os.getpid()}:")
     deadline = row(task).lease_expires_at
     time.sleep(1.1)
     worker._maybe_beat()
-    assert row(task).status == Status.PROCESSING and row(task).worker_id == "beat-host:1:abc"
+    assert row(task).status == Status.PROCESSING and row(task).worker_id == worker.worker_id
     # Only the handler's own heartbeat or checkpoint extends it, as for a local worker.
     assert row(task).lease_expires_at == deadline
 
@@ -450,3 +456,30 @@ def test_a_handler_past_its_deadline_loses_its_attempt_and_its_thread_is_replace
     time.sleep(0.5)
     assert (row(stuck).status, row(stuck).result, len(row(stuck).schedule_log)) == (Status.FAILED, None, 1)
     assert worker.in_flight == 0 and worker.unreported == 0
+
+
+def test_a_worker_whose_credential_is_refused_registers_again_and_its_old_attempt_is_rescued(
+    remote, run_log: Path, settings
+) -> None:
+    """A new SECRET_KEY revokes every worker and attempt key: the worker carries on under a new id."""
+    task = taskflow.enqueue("test.sleep", {"seconds": 1.5}, max_retries=3)
+    worker = remote(["test.sleep"], concurrency=1)
+    wait_until(lambda: read_runs(run_log), timeout=30)
+    first_id = worker.worker_id
+    settings.SECRET_KEY = "a-rotated-secret-key-for-this-test-only-0123456789"
+    wait_until(lambda: worker.worker_id not in ("", first_id), timeout=15)
+    # The old attempt's report is refused (not this worker's any more) and dropped, not retried.
+    wait_until(lambda: worker.refused == 1, timeout=15)
+    assert (row(task).status, row(task).worker_id, row(task).result) == (Status.PROCESSING, first_id, None)
+    # The old id no longer beats: taskwatch's rescue takes the attempt back, and the new id runs it.
+    wait_until(lambda: rescue.rescue_dead_workers() == 1, timeout=15)
+    Task.objects.filter(pk=task.pk).update(run_after=timezone.now())
+    wait_until(finished(task), timeout=30)
+    got = row(task)
+    assert (got.status, got.attempts, got.result, got.worker_id) == (
+        Status.SUCCESS,
+        2,
+        {"slept": 1.5},
+        worker.worker_id,
+    )
+    assert worker.raised == [] and worker.thread.is_alive()

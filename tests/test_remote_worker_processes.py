@@ -1,5 +1,6 @@
 """End to end: the example project served by gunicorn (2 processes) and two remote worker processes
-drain 500 tasks over HTTP, through a 5-second server outage, each task ending exactly once."""
+drain 500 tasks over HTTP, through a 5-second server outage, each task ending exactly once; and a
+hold_task token's attacks on a remote and a local worker's attempts are refused."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import requests
+from django.utils import timezone
 
 import taskflow
 from taskflow.models import Status, Task
@@ -187,3 +190,73 @@ def test_sigterm_lets_running_remote_tasks_finish_and_reports_them_before_exitin
         expected = (Status.SUCCESS, 1) if str(task.pk) in started else (Status.PENDING, 0)
         assert (got.status, got.attempts) == expected
     assert {r[0] for r in read_runs(run_log) if r[2] == "end"} == started
+
+
+def test_attacks_by_a_hold_task_token_on_remote_and_local_workers_attempts_are_refused(
+    gunicorn: Gunicorn, start_remote, spawn, run_log: Path
+) -> None:
+    """The review's attacks over HTTP while a remote and a local worker run: each task runs once, as its handler."""
+    tasks = [taskflow.enqueue("test.sleep", {"seconds": 4}) for _ in range(4)]
+    ids = {str(t.pk) for t in tasks}
+    remote_proc = start_remote(
+        gunicorn.url, api_token("remote-worker", "hold_task"), "--types", "test.sleep", "--concurrency", "2"
+    )
+    local_proc = spawn("taskworker", "--types", "test.sleep", "--concurrency", "2")
+    wait_until(lambda: {r[0] for r in read_runs(run_log) if r[2] == "start"} == ids, timeout=60)
+    running = list(Task.objects.filter(pk__in=[t.pk for t in tasks]).values("id", "worker_id", "lease_token"))
+    assert len({r["worker_id"] for r in running}) == 2  # both workers hold attempts
+    # Claimed long ago, as far as a liveness beat's hand-back can tell.
+    Task.objects.filter(pk__in=[t.pk for t in tasks]).update(started_at=timezone.now() - timedelta(seconds=30))
+    before = {r["id"]: Task.objects.filter(pk=r["id"]).values().get() for r in running}
+
+    session = requests.Session()
+    session.headers["Authorization"] = f"Token {api_token('attacker', 'hold_task')}"
+    api = gunicorn.url
+
+    def post(path: str, body: dict, **headers: str) -> requests.Response:
+        return session.post(api + path, json=body, headers=headers, timeout=10)
+
+    for attempt in running:
+        task_id, victim, lease = attempt["id"], attempt["worker_id"], attempt["lease_token"]
+        # The foreign beat (the victim's id named) and the forged report (a guessed lease), as reviewed.
+        assert post("tasks/heartbeat/", {"worker_id": victim, "items": []}).status_code == 403
+        forged = {"lease": lease, "status": "success", "result": {"forged": True}}
+        assert post(f"tasks/{task_id}/set/", forged).status_code == 403
+        # The victim's id in the credential headers, with a made-up key.
+        spoof = {"Taskflow-Worker-Id": victim, "Taskflow-Worker-Key": "0" * 64}
+        answer = post("tasks/heartbeat/", {"beat": True, "items": []}, **spoof)
+        assert (answer.status_code, answer.json()["error"]) == (403, "worker_refused")
+        assert post(f"tasks/{task_id}/set/", {**forged, "attempt_key": "0" * 64}, **spoof).status_code == 403
+
+    # A registered attacker: its own beat hands nothing of theirs back, its forged reports are refused.
+    answer = post("workers/", {"host": "attacker", "pid": 1, "task_types": ["test.sleep"], "concurrency": 1})
+    assert answer.status_code == 201
+    own = {"Taskflow-Worker-Id": answer.json()["worker_id"], "Taskflow-Worker-Key": answer.json()["worker_key"]}
+    items = [{"task_id": str(a["id"]), "lease": a["lease_token"], "attempt_key": "0" * 64} for a in running]
+    answer = post("tasks/heartbeat/", {"beat": True, "items": items}, **own)
+    assert answer.status_code == 200 and answer.json()["handed_back"] == 0
+    assert {r["error"] for r in answer.json()["results"]} == {"forbidden"}
+    reports = [{**item, "status": "success", "result": {"forged": True}} for item in items]
+    for path, body in (("tasks/set/", {"items": reports}), ("tasks/release/", {"items": items})):
+        answer = post(path, body, **own)
+        assert answer.status_code == 200 and {r["error"] for r in answer.json()["results"]} == {"forbidden"}
+    for item in reports:
+        assert (
+            post(f"tasks/{item['task_id']}/set/", {k: v for k, v in item.items() if k != "task_id"}, **own).json()[
+                "error"
+            ]
+            == "forbidden"
+        )
+    for attempt in running:
+        assert Task.objects.filter(pk=attempt["id"]).values().get() == before[attempt["id"]]
+
+    wait_until(lambda: Task.objects.filter(pk__in=[t.pk for t in tasks], status__in=FINAL).count() == 4, timeout=60)
+    for task in tasks:
+        got = Task.objects.get(pk=task.pk)
+        assert (got.status, got.attempts, got.result) == (Status.SUCCESS, 1, {"slept": 4})
+    runs = [r for r in read_runs(run_log) if r[0] in ids]
+    assert Counter((r[0], r[2]) for r in runs) == Counter({(i, what): 1 for i in ids for what in ("start", "end")})
+    for proc in (remote_proc, local_proc):
+        proc.send_signal(signal.SIGTERM)
+    assert remote_proc.wait(timeout=30) == 0, output(remote_proc)
+    assert local_proc.wait(timeout=30) == 0

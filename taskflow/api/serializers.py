@@ -25,6 +25,7 @@ from .lookup import parse_task_id
 
 MAX_BULK = 1000
 MAX_BATCH = 1000
+MAX_ATTEMPT_KEY = 200  # an attempt key is 64 hex digits; anything else is refused as not the holder's
 # A due time a database stores everywhere, with room for the priority shift of order_time.
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
@@ -300,6 +301,26 @@ class SetAnswerSerializer(HeldTaskSerializer):
         return fields
 
 
+class HeldAttemptSerializer(HeldTaskSerializer):
+    """A task held by the calling worker (`context={"worker_id": ...}`): also the attempt's key.
+
+    The key is the secret its holder alone is given; every report, checkpoint, heartbeat and
+    release of the attempt must present it.
+    """
+
+    attempt_key = serializers.SerializerMethodField(help_text="the holder's proof of this attempt (64 hex digits)")
+
+    class Meta(HeldTaskSerializer.Meta):
+        fields = [*HeldTaskSerializer.Meta.fields, "attempt_key"]
+        read_only_fields = fields
+
+    def get_attempt_key(self, task: Task) -> str:
+        return remote.attempt_key(task.id, task.lease_token, self.context["worker_id"])
+
+    def to_representation(self, task: Task) -> dict[str, Any]:
+        return {**super().to_representation(task), "attempt_key": self.get_attempt_key(task)}
+
+
 class CreateTaskSerializer(StrictSerializer):
     """One task to create, with the options of taskflow.enqueue."""
 
@@ -336,14 +357,27 @@ class BulkResponseSerializer(serializers.Serializer):
     results = BulkResultSerializer(many=True)
 
 
+class RegisterWorkerSerializer(StrictSerializer):
+    """A remote worker introducing itself; the server issues its id from these."""
+
+    host = StrictText(max_length=remote.MAX_HOST, allow_blank=False)
+    pid = StrictInteger(min_value=0, max_value=validation.MAX_INT)
+    task_types = serializers.ListField(child=TaskTypeField(), min_length=1, max_length=remote.MAX_HOLD_TYPES)
+    concurrency = StrictInteger(min_value=1, max_value=remote.MAX_HOLD)
+
+
+class WorkerCredentialSerializer(serializers.Serializer):
+    worker_id = serializers.CharField(help_text="send it in the Taskflow-Worker-Id header of every worker call")
+    worker_key = serializers.CharField(help_text="send it in the Taskflow-Worker-Key header of every worker call")
+
+
 class HoldSerializer(StrictSerializer):
     task_types = serializers.ListField(child=TaskTypeField(), min_length=1, max_length=remote.MAX_HOLD_TYPES)
     limit = StrictInteger(min_value=1, max_value=remote.MAX_HOLD)
-    worker_id = StrictText(max_length=200, allow_blank=False, validators=[engine_rule(remote.validate_worker_id)])
 
 
 class HoldResponseSerializer(serializers.Serializer):
-    tasks = HeldTaskSerializer(many=True)
+    tasks = HeldAttemptSerializer(many=True)
 
 
 # -- set: a worker's report, or an operator's change --------------------------------------------------
@@ -351,7 +385,18 @@ class HoldResponseSerializer(serializers.Serializer):
 WORKER_STATUSES = ("success", "failed", "pending")  # pending with a lease: snooze
 OPERATOR_STATUSES = ("stopped", "pending")
 OPERATOR_FIELDS = ("status", "run_after", "priority", "max_retries")
-WORKER_ONLY = ("result", "error", "detail", "retry", "stage", "context", "delay", "checkpoint", "cost_ms")
+WORKER_ONLY = (
+    "attempt_key",
+    "result",
+    "error",
+    "detail",
+    "retry",
+    "stage",
+    "context",
+    "delay",
+    "checkpoint",
+    "cost_ms",
+)
 # Per kind of worker report: the fields it may carry besides lease (and task_id in a batch).
 WORKER_KINDS = {
     "success": {"status", "result", "cost_ms"},
@@ -366,6 +411,9 @@ class SetSerializer(StrictSerializer):
     """One endpoint for both sides: with `lease` a worker's report, without it an operator's change."""
 
     lease = StrictInteger(required=False, min_value=0, max_value=validation.MAX_BIGINT)
+    attempt_key = StrictText(
+        required=False, allow_blank=False, max_length=MAX_ATTEMPT_KEY, help_text="with `lease`: the hold's attempt_key"
+    )
     status = serializers.ChoiceField(choices=sorted({*WORKER_STATUSES, *OPERATOR_STATUSES}), required=False)
     result = JsonValue(required=False, allow_null=True)
     error = StrictText(required=False, max_length=MAX_REASON)
@@ -389,7 +437,11 @@ class SetSerializer(StrictSerializer):
         return attrs
 
     def _worker_kind(self, attrs: dict[str, Any]) -> str:
-        given = set(attrs) - {"lease", "task_id"}
+        if "attempt_key" not in attrs:
+            raise serializers.ValidationError(
+                {"attempt_key": ["a worker's report carries the attempt_key its hold returned"]}
+            )
+        given = set(attrs) - {"lease", "attempt_key", "task_id"}
         if "status" in attrs:
             kind = attrs["status"]
             if kind not in WORKER_STATUSES:
@@ -437,6 +489,7 @@ class BatchSetItemSerializer(SetSerializer):
 class LeaseSerializer(StrictSerializer):
     task_id = TaskIdField()
     lease = StrictInteger(min_value=0, max_value=validation.MAX_BIGINT)
+    attempt_key = StrictText(allow_blank=False, max_length=MAX_ATTEMPT_KEY, help_text="the hold's attempt_key")
 
 
 class LeaseBatchSerializer(StrictSerializer):
@@ -444,11 +497,9 @@ class LeaseBatchSerializer(StrictSerializer):
 
 
 class HeartbeatSerializer(LeaseBatchSerializer):
-    """Leases to extend; with `worker_id`, also the worker's liveness beat listing every attempt it holds."""
+    """Leases to extend; with `beat: true`, instead the worker's liveness beat listing every attempt it holds."""
 
-    worker_id = StrictText(
-        required=False, max_length=200, allow_blank=False, validators=[engine_rule(remote.validate_worker_id)]
-    )
+    beat = StrictBoolean(required=False, default=False)
 
 
 class BatchResultSerializer(serializers.Serializer):
@@ -469,7 +520,7 @@ class HeartbeatResultSerializer(BatchResultSerializer):
 class HeartbeatResponseSerializer(serializers.Serializer):
     results = HeartbeatResultSerializer(many=True)
     handed_back = serializers.IntegerField(
-        required=False, help_text="with worker_id: attempts of this worker it did not list, handed back"
+        required=False, help_text="with beat: attempts of this worker it did not list, handed back"
     )
 
 

@@ -40,6 +40,7 @@ def unknown_path(request: HttpRequest) -> JsonResponse:
 
 
 urlpatterns = [
+    path("workers/", views.WorkersView.as_view(), name="workers"),
     path("tasks/", views.TasksView.as_view(), name="tasks"),
     path("tasks/bulk/", views.BulkCreateView.as_view(), name="tasks-bulk"),
     path("tasks/hold/", views.HoldView.as_view(), name="tasks-hold"),

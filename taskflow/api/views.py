@@ -12,7 +12,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers as drf
 from rest_framework import status
 from rest_framework.authentication import SessionAuthentication
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import APIException, NotFound
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -137,21 +137,86 @@ class TaskView(ApiView):
         return Response(s.TaskSerializer(load_task(task_id)).data)
 
 
+# -- remote workers: registration, and the credential every worker call presents ---------------------
+
+WORKER_ID_HEADER = "Taskflow-Worker-Id"
+WORKER_KEY_HEADER = "Taskflow-Worker-Key"
+WORKER_HEADERS = [
+    OpenApiParameter(
+        WORKER_ID_HEADER,
+        str,
+        OpenApiParameter.HEADER,
+        required=True,
+        description="the `worker_id` POST workers/ issued",
+    ),
+    OpenApiParameter(
+        WORKER_KEY_HEADER, str, OpenApiParameter.HEADER, required=True, description="the `worker_key` issued with it"
+    ),
+]
+
+
+class WorkerRefused(APIException):
+    status_code = status.HTTP_403_FORBIDDEN
+    default_code = "worker_refused"
+    default_detail = "a remote worker presents the worker id and key its registration returned"
+
+
+class NotHeld(APIException):
+    status_code = status.HTTP_403_FORBIDDEN
+    default_code = "forbidden"
+    default_detail = "this attempt_key is not the one given to this worker: the attempt is not its to report"
+
+
+def calling_worker(request: Request) -> str:
+    """The remote worker id the caller proved with its worker key (issued to this user), or 403."""
+    try:
+        return remote.authenticate(
+            request.user.pk, request.headers.get(WORKER_ID_HEADER), request.headers.get(WORKER_KEY_HEADER)
+        )
+    except remote.WorkerRefused as exc:
+        raise WorkerRefused(str(exc)) from None
+
+
+def refusal(error: remote.Refused) -> APIException:
+    return NotHeld() if error is remote.Refused.FORBIDDEN else LeaseLost()
+
+
+class WorkersView(ApiView):
+    permission_classes = [perms.Needs.on(POST=perms.HOLD)]
+
+    @extend_schema(
+        operation_id="workers_register",
+        request=s.RegisterWorkerSerializer,
+        responses={201: s.WorkerCredentialSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        """Register a remote worker: the server issues its id and key, bound to this user; both go with every call."""
+        data = valid(s.RegisterWorkerSerializer, request.data)
+        worker_id, key = remote.register(request.user.pk, **data)
+        return Response({"worker_id": worker_id, "worker_key": key}, status=status.HTTP_201_CREATED)
+
+
 class HoldView(ApiView):
     permission_classes = [perms.Needs.on(POST=perms.HOLD)]
 
     @extend_schema(
         operation_id="tasks_hold",
+        parameters=WORKER_HEADERS,
         request=s.HoldSerializer,
         responses={200: s.HoldResponseSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        """Claim up to `limit` due tasks for a remote worker; each comes with its lease."""
+        """Claim up to `limit` due tasks for the calling remote worker; each comes with its lease and attempt key."""
+        worker_id = calling_worker(request)
         data = valid(s.HoldSerializer, request.data)
-        claimed = remote.hold(data["task_types"], data["limit"], data["worker_id"])
+        claimed = remote.hold(data["task_types"], data["limit"], worker_id)
         rows = Task.objects.in_bulk([c.id for c in claimed])
-        tasks = [rows[c.id] for c in claimed if c.id in rows]
-        return Response({"tasks": s.HeldTaskSerializer(tasks, many=True).data})
+        tasks = []
+        for c in claimed:
+            if c.id in rows:
+                rows[c.id].lease_token = c.lease_token  # the key proves the claim made here, whatever came since
+                tasks.append(rows[c.id])
+        return Response({"tasks": s.HeldAttemptSerializer(tasks, many=True, context={"worker_id": worker_id}).data})
 
 
 # -- set: one task's report or operator change -----------------------------------------------------------
@@ -188,27 +253,34 @@ def remote_report(held: remote.Held, data: dict[str, Any]) -> remote.RemoteRepor
 class TaskSetView(ApiView):
     @extend_schema(
         operation_id="tasks_set",
+        parameters=[
+            OpenApiParameter(p.name, str, OpenApiParameter.HEADER, description=f"a worker's report: {p.description}")
+            for p in WORKER_HEADERS
+        ],
         request=s.SetSerializer,
-        responses={200: s.SetAnswerSerializer, **errors(400, 404, 409, 413)},
+        responses={200: s.SetAnswerSerializer, **errors(400, 403, 404, 409, 413)},
     )
     def post(self, request: Request, task_id: str) -> Response:
-        """A worker's report on its attempt (with `lease`), or one operator change (without).
+        """A worker's report on its attempt (with `lease`, `attempt_key` and worker headers), or one operator change.
 
         An operator's change answers the task as GET does, or only its state and the changed
         fields to a user without view_task (docs/api.md).
         """
         worker = isinstance(request.data, dict) and "lease" in request.data
         perms.require(request, perms.HOLD if worker else perms.OPERATE)
+        worker_id = calling_worker(request) if worker else ""
         task = load_task(task_id)
         data = valid(s.SetSerializer, request.data)
         if worker:
-            held = remote.Held(task.id, data["lease"])
+            held = remote.Held(task.id, data["lease"], data["attempt_key"])
             if data["kind"] == "checkpoint":
-                applied = remote.extend([(held, data["checkpoint"])])[0] is not None
+                [outcome] = remote.extend(worker_id, [(held, data["checkpoint"])])
+                refused_as = outcome if isinstance(outcome, remote.Refused) else None
             else:
-                applied = remote.finish([remote_report(held, data)])[0]
-            if not applied:
-                raise LeaseLost()
+                [refused_as] = remote.finish(worker_id, [remote_report(held, data)])
+            if refused_as is not None:
+                raise refusal(refused_as)
+            return Response(s.HeldTaskSerializer(load_task(task_id)).data)  # with the lease and a new deadline
         else:
             change = data["kind"]
             operation = OPERATIONS[data["status"] if change == "status" else change]
@@ -219,17 +291,20 @@ class TaskSetView(ApiView):
                 raise NotApplicable(f"{result.action} does not apply to task {task.id}: {why}")
             can_view = request.user.has_perm(perms.VIEW)
             return Response(s.operated_task(load_task(task_id), can_view=can_view))
-        return Response(s.HeldTaskSerializer(load_task(task_id)).data)  # with the lease: a checkpoint's new deadline
 
 
 # -- batches for remote workers ----------------------------------------------------------------------------
 
 
 class ReportRefSerializer(drf.Serializer):
-    """A worker report as in the single set, plus `task_id` and `lease`; only those two are checked for the batch."""
+    """A worker report as in the single set (with `lease` and `attempt_key`), plus `task_id`.
+
+    Only `task_id` and `lease` are checked for the whole batch; the rest item by item.
+    """
 
     task_id = s.TaskIdField()
     lease = s.StrictInteger(min_value=0, max_value=validation.MAX_BIGINT)
+    attempt_key = s.StrictText(required=False, max_length=s.MAX_ATTEMPT_KEY, help_text="the hold's attempt_key")
 
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, dict):
@@ -242,6 +317,7 @@ class ItemsSerializer(s.StrictSerializer):
 
 
 def refused(task_id: Any, error: str, detail: str = "") -> dict[str, Any]:
+    """One item's refusal: `invalid`, `lease_lost` (taken away) or `forbidden` (not this worker's attempt)."""
     answer = {"task_id": str(task_id), "outcome": "refused", "error": error}
     if detail:
         answer["detail"] = detail
@@ -257,13 +333,15 @@ class BatchSetView(ApiView):
 
     @extend_schema(
         operation_id="tasks_set_batch",
+        parameters=WORKER_HEADERS,
         # Documented as accepted at the HTTP level: an item's other fields are checked one by one
         # (a bad one is refused alone), so only task_id and lease are a request-wide contract.
         request=ItemsSerializer,
         responses={200: s.BatchResponseSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        """Workers' reports: each the single set's fields plus `task_id` and `lease`; a bad item is refused alone."""
+        """Workers' reports: each the single set's fields plus `task_id`; a bad item is refused alone."""
+        worker_id = calling_worker(request)
         valid(ItemsSerializer, request.data)  # a malformed task_id or lease is the client's bug: all refused
         items = request.data["items"]
         results: list[dict[str, Any] | None] = [None] * len(items)
@@ -278,15 +356,16 @@ class BatchSetView(ApiView):
                 detail = "; ".join(f"{k}: {' '.join(v)}" for k, v in fields.items())
                 results[i] = refused(item["task_id"], "invalid", detail)
                 continue
-            held = remote.Held(data["task_id"], data["lease"])
+            held = remote.Held(data["task_id"], data["lease"], data["attempt_key"])
             if data["kind"] == "checkpoint":
                 checkpoints.append((i, held, data["checkpoint"]))
             else:
                 reports.append((i, remote_report(held, data)))
-        for (i, held, _), deadline in zip(checkpoints, remote.extend([(h, c) for _, h, c in checkpoints]), strict=True):
-            results[i] = applied(held.task_id) if deadline else refused(held.task_id, "lease_lost")
-        for (i, report), ok in zip(reports, remote.finish([r for _, r in reports]), strict=True):
-            results[i] = applied(report.held.task_id) if ok else refused(report.held.task_id, "lease_lost")
+        extended = remote.extend(worker_id, [(h, c) for _, h, c in checkpoints])
+        for (i, held, _), deadline in zip(checkpoints, extended, strict=True):
+            results[i] = refused(held.task_id, deadline) if isinstance(deadline, str) else applied(held.task_id)
+        for (i, report), why in zip(reports, remote.finish(worker_id, [r for _, r in reports]), strict=True):
+            results[i] = applied(report.held.task_id) if why is None else refused(report.held.task_id, why)
         return Response({"results": results})
 
 
@@ -295,32 +374,37 @@ class HeartbeatView(ApiView):
 
     @extend_schema(
         operation_id="tasks_heartbeat",
+        parameters=WORKER_HEADERS,
         request=s.HeartbeatSerializer,
         responses={200: s.HeartbeatResponseSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        """Extend each attempt's deadline by its timeout; with `worker_id`, the worker's liveness beat instead.
+        """Extend each attempt's deadline by its timeout; with `beat: true`, the worker's liveness beat instead.
 
         A beat lists every attempt the worker holds and extends none of them (only a handler's own
         heartbeat does, so a stuck one still times out); it answers which are still held. Those
-        claimed for the worker that it does not list (a hold whose answer was lost) are handed
-        back, and counted in `handed_back`.
+        claimed for the calling worker that it does not list (a hold whose answer was lost) are
+        handed back, and counted in `handed_back`. Only the caller's own attempts are ever touched.
         """
+        worker_id = calling_worker(request)
         data = valid(s.HeartbeatSerializer, request.data)
-        helds = [remote.Held(item["task_id"], item["lease"]) for item in data["items"]]
-        beat = "worker_id" in data
-        deadlines = remote.held_deadlines(helds) if beat else remote.extend([(h, ...) for h in helds])
+        helds = [remote.Held(item["task_id"], item["lease"], item["attempt_key"]) for item in data["items"]]
+        beat = data["beat"]
+        if beat:
+            deadlines = remote.held_deadlines(worker_id, helds)
+        else:
+            deadlines = remote.extend(worker_id, [(h, ...) for h in helds])
         answer: dict[str, Any] = {
             "results": [
-                {**applied(h.task_id), "lease_expires_at": s.time_text(deadline)}
-                if deadline
-                else refused(h.task_id, "lease_lost")
+                refused(h.task_id, deadline)
+                if isinstance(deadline, str)
+                else {**applied(h.task_id), "lease_expires_at": s.time_text(deadline)}
                 for h, deadline in zip(helds, deadlines, strict=True)
             ]
         }
         if beat:
-            remote.beat(data["worker_id"])
-            answer["handed_back"] = remote.hand_back_unlisted(data["worker_id"], helds)
+            remote.beat(worker_id)
+            answer["handed_back"] = remote.hand_back_unlisted(worker_id, helds)
         return Response(answer)
 
 
@@ -329,16 +413,18 @@ class ReleaseView(ApiView):
 
     @extend_schema(
         operation_id="tasks_release",
+        parameters=WORKER_HEADERS,
         request=s.LeaseBatchSerializer,
         responses={200: s.BatchResponseSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
         """Hand claimed-but-unstarted tasks back to pending without using an attempt."""
+        worker_id = calling_worker(request)
         items = valid(s.LeaseBatchSerializer, request.data)["items"]
-        helds = [remote.Held(item["task_id"], item["lease"]) for item in items]
+        helds = [remote.Held(item["task_id"], item["lease"], item["attempt_key"]) for item in items]
         results = [
-            applied(h.task_id) if ok else refused(h.task_id, "lease_lost")
-            for h, ok in zip(helds, remote.release(helds), strict=True)
+            applied(h.task_id) if why is None else refused(h.task_id, why)
+            for h, why in zip(helds, remote.release(worker_id, helds), strict=True)
         ]
         return Response({"results": results})
 

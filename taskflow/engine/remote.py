@@ -4,22 +4,30 @@ A remote worker has no database: it names the attempt it holds by task id and le
 token its claim returned), and every write here is guarded by both, so a late or repeated report
 of an attempt that was rescued, stopped or already reported changes nothing. Claims go through
 the same limiter and `claim_batch` as the local worker's, reports through `finish_attempts`, and
-every call counts as a liveness beat of the worker holding the attempts, so taskwatch treats a
-remote worker exactly like a local one.
+every call counts as a liveness beat of the calling worker, so taskwatch treats a remote worker
+exactly like a local one.
+
+Trust: the caller's worker id is one this server issued to its user (`register`), proven by its
+`worker_key`; each attempt is proven by its `attempt_key`, given in the hold answer to its holder
+alone. Both are HMACs under SECRET_KEY, so nothing is stored. Every function below takes the
+authenticated worker's id and touches only attempts claimed for it whose key is presented.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import secrets
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare, salted_hmac
 
 from ..exceptions import InvalidTask, LeaseLost, NextStage
 from ..models import Status, Task
@@ -44,12 +52,77 @@ _COLUMNS = (*sql.CLAIM_COLUMNS, "status", "worker_id", "started_at", "lease_expi
 REPORTABLE = (Outcome.SUCCESS, Outcome.ERROR, Outcome.FAIL, Outcome.SNOOZE, Outcome.NEXT_STAGE, Outcome.HANDBACK)
 
 
+WORKER_KEY_SALT = "taskflow.remote.worker"
+ATTEMPT_KEY_SALT = "taskflow.remote.attempt"
+MAX_HOST = 100  # of the worker id's host part, so that "host:pid:hex" fits the column
+
+
+class WorkerRefused(Exception):
+    """The caller did not prove the worker id it presented: the id was issued to another user, or never."""
+
+
+class Refused(StrEnum):
+    """Why one attempt named by a remote worker was left alone."""
+
+    LEASE_LOST = "lease_lost"  # the worker held it, but it was taken away (rescued, stopped, reported)
+    FORBIDDEN = "forbidden"  # the attempt key is not the one its holder was given: not this worker's
+
+
 @dataclass(frozen=True)
 class Held:
-    """An attempt as a remote worker names it: the task, and the lease its claim returned."""
+    """An attempt as a remote worker names it: the task, the lease its claim returned, and its attempt key."""
 
     task_id: int
     lease: int
+    key: str = field(default="", compare=False)  # its holder's proof; not part of what the attempt is
+
+
+def _hmac(salt: str, value: str) -> str:
+    return salted_hmac(salt, value, algorithm="sha256").hexdigest()
+
+
+def worker_key(user_pk: object, worker_id: str) -> str:
+    """The secret proving that `worker_id` was issued to user `user_pk` (keyed by SECRET_KEY: nothing is stored)."""
+    return _hmac(WORKER_KEY_SALT, f"{user_pk}:{worker_id}")
+
+
+def attempt_key(task_id: int, lease: int, worker_id: str) -> str:
+    """The secret given to the holder of one attempt alone (256 bits): every report of it must present it."""
+    return _hmac(ATTEMPT_KEY_SALT, f"{task_id}:{lease}:{worker_id}")
+
+
+def register(user_pk: object, host: str, pid: int, task_types: Sequence[str], concurrency: int) -> tuple[str, str]:
+    """Issue a new remote worker id ("host:pid:random") to user `user_pk`; returns it and its worker key.
+
+    The worker is recorded as alive. Its id is the server's choice, so no caller can take over
+    another worker's id (a local worker's, or another user's remote one).
+    """
+    if not isinstance(host, str) or not 1 <= len(host) <= MAX_HOST or not WORKER_ID_RE.fullmatch(host) or ":" in host:
+        raise InvalidTask(f"host must be 1-{MAX_HOST} letters, digits or '_.@/+-' without ':'; got {host!r:.120}")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid <= 2**31 - 1:
+        raise InvalidTask(f"pid must be an integer from 0 to 2147483647; got {pid!r}")
+    types = _hold_types(task_types)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_HOLD:
+        raise InvalidTask(f"concurrency must be an integer from 1 to {MAX_HOLD}; got {concurrency!r}")
+    worker_id = f"{host}:{pid}:{secrets.token_hex(8)}"
+    _register(worker_id, types, concurrency)
+    return worker_id, worker_key(user_pk, worker_id)
+
+
+def authenticate(user_pk: object, worker_id: object, key: object) -> str:
+    """The worker id if `key` proves it was issued to user `user_pk`; raises WorkerRefused otherwise."""
+    if not isinstance(worker_id, str) or not isinstance(key, str) or not WORKER_ID_RE.fullmatch(worker_id):
+        raise WorkerRefused("a remote worker presents the worker id and key its registration returned")
+    if not constant_time_compare(key, worker_key(user_pk, worker_id)):
+        raise WorkerRefused(f"worker {worker_id!r:.210} was not issued to this user, or its key is wrong")
+    return worker_id
+
+
+def _hold_types(task_types: Sequence[str]) -> list[str]:
+    types = list(dict.fromkeys(validate_task_type(t) for t in task_types))
+    if not 1 <= len(types) <= MAX_HOLD_TYPES:
+        raise InvalidTask(f"task_types must name 1 to {MAX_HOLD_TYPES} task types")
+    return types
 
 
 @dataclass
@@ -91,20 +164,22 @@ def _shared_limiter() -> Limiter:
 def hold(task_types: Sequence[str], limit: int, worker_id: str) -> list[ClaimedTask]:
     """Claim up to `limit` due tasks of these types for remote worker `worker_id`, as a local worker would.
 
-    Paused types are skipped, concurrency limits hold (the same limiter and claim as `taskworker`),
-    each type gives at most its `schedule_limit` per call, and the worker is recorded as alive.
+    `worker_id` is the authenticated caller's. Paused types are skipped, and so are types without
+    a ScheduleCfg row (never enqueued: nothing is due, and none is created for them); concurrency
+    limits hold (the same limiter and claim as `taskworker`), each type gives at most its
+    `schedule_limit` per call, and the worker is recorded as alive. Each attempt's key is
+    `attempt_key(task.id, task.lease_token, worker_id)`.
     """
     worker_id = validate_worker_id(worker_id)
-    types = list(dict.fromkeys(validate_task_type(t) for t in task_types))
-    if not 1 <= len(types) <= MAX_HOLD_TYPES:
-        raise InvalidTask(f"task_types must name 1 to {MAX_HOLD_TYPES} task types")
+    types = _hold_types(task_types)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HOLD:
         raise InvalidTask(f"limit must be an integer from 1 to {MAX_HOLD}; got {limit!r}")
     host = worker_host(worker_id)
     # Before claiming: an attempt whose worker has no liveness row is soon rescued.
     _register(worker_id, types, limit)
-    cfgs = configs.get_many(types)
+    cfgs = configs.get_many(types, create=False)
     limiter = _shared_limiter()
+    types = [t for t in types if t in cfgs]
     random.shuffle(types)  # no type always goes first when the limit is small
     held: list[ClaimedTask] = []
     for task_type in types:
@@ -126,58 +201,67 @@ def hold(task_types: Sequence[str], limit: int, worker_id: str) -> list[ClaimedT
     return held
 
 
-def held_attempts(helds: Iterable[Held], now: datetime | None = None) -> dict[Held, ClaimedTask]:
-    """The attempts among `helds` that still hold their task (processing under that lease), in one query."""
-    helds = list(helds)
-    if not helds:
-        return {}
-    now = now or timezone.now()
-    rows = Task.objects.filter(id__in={h.task_id for h in helds}, status=Status.PROCESSING).values(*_COLUMNS)
-    by_id = {row["id"]: row for row in rows}
-    cfgs = configs.get_many({row["task_type"] for row in by_id.values()})
-    found = {}
-    for h in helds:
+def proves(held: Held, worker_id: str) -> bool:
+    """Whether `held` carries the key given to `worker_id` for that attempt."""
+    return constant_time_compare(held.key, attempt_key(held.task_id, held.lease, worker_id))
+
+
+def _sorted_out(worker_id: str, helds: Sequence[Held], now: datetime) -> list[ClaimedTask | Refused]:
+    """Each named attempt as still held by `worker_id` (rebuilt as claimed), or why it is not, in one query.
+
+    FORBIDDEN: its key is not the one given to `worker_id` for it (so it is not this worker's to
+    name, whatever the row says). LEASE_LOST: the key is right, but the task is no longer
+    processing under that lease for this worker.
+    """
+    proven = [proves(h, worker_id) for h in helds]
+    wanted = {h.task_id for h, ok in zip(helds, proven, strict=True) if ok}
+    by_id = {}
+    if wanted:
+        rows = Task.objects.filter(id__in=wanted, status=Status.PROCESSING, worker_id=worker_id).values(*_COLUMNS)
+        by_id = {row["id"]: row for row in rows}
+    cfgs = configs.get_many({row["task_type"] for row in by_id.values()}) if by_id else {}
+    sorted_out: list[ClaimedTask | Refused] = []
+    for h, ok in zip(helds, proven, strict=True):
         row = by_id.get(h.task_id)
-        if row is not None and row["lease_token"] == h.lease:
-            found[h] = ClaimedTask.running(row, cfgs[row["task_type"]], now)
-    return found
+        if not ok:
+            sorted_out.append(Refused.FORBIDDEN)
+        elif row is None or row["lease_token"] != h.lease:
+            sorted_out.append(Refused.LEASE_LOST)
+        else:
+            sorted_out.append(ClaimedTask.running(row, cfgs[row["task_type"]], now))
+    return sorted_out
 
 
-def finish(reports: Sequence[RemoteReport]) -> list[bool]:
-    """Write these ends of attempts; for each, whether it was applied (False: the lease was lost).
+def finish(worker_id: str, reports: Sequence[RemoteReport]) -> list[Refused | None]:
+    """Write these ends of attempts held by `worker_id`; for each, None if applied, or why it was refused.
 
     A report repeated for the same attempt, in this call or a later one, is applied once.
     """
-    now = timezone.now()
-    attempts = held_attempts((r.held for r in reports), now)
-    built: list[Report | None] = []
     for remote in reports:
         if remote.outcome not in REPORTABLE:
             raise InvalidTask(f"a remote worker cannot report {remote.outcome!s}")
-        attempt = attempts.get(remote.held)
-        built.append(None if attempt is None else _report(attempt, remote))
-    _beat({r.task.worker_id for r in built if r is not None})
-    accepted = {id(r) for r in finish_attempts([r for r in built if r is not None], now=now)}
-    return [r is not None and id(r) in accepted for r in built]
+    now = timezone.now()
+    attempts = _sorted_out(worker_id, [r.held for r in reports], now)
+    _register(worker_id)
+    built = [a if isinstance(a, Refused) else _report(a, r) for a, r in zip(attempts, reports, strict=True)]
+    accepted = {id(r) for r in finish_attempts([r for r in built if isinstance(r, Report)], now=now)}
+    return [r if isinstance(r, Refused) else (None if id(r) in accepted else Refused.LEASE_LOST) for r in built]
 
 
 def beat(worker_id: str) -> None:
-    """Record that remote worker `worker_id` is alive (a heartbeat that names it, holding tasks or not)."""
+    """Record that remote worker `worker_id` (the authenticated caller) is alive."""
     _register(validate_worker_id(worker_id))
 
 
-def held_deadlines(helds: Sequence[Held]) -> list[datetime | None]:
-    """Each attempt's current deadline, or None where the lease was lost: a check that writes nothing.
+def held_deadlines(worker_id: str, helds: Sequence[Held]) -> list[datetime | Refused]:
+    """Each attempt's current deadline, or why `worker_id` does not hold it: a check that writes nothing.
 
     A worker's liveness beat lists its attempts this way. It must not extend them: only the
     handler's own heartbeat or checkpoint does, as for a local worker, so a stuck handler still
     times out and is rescued.
     """
-    rows = Task.objects.filter(id__in={h.task_id for h in helds}, status=Status.PROCESSING).values_list(
-        "id", "lease_token", "lease_expires_at"
-    )
-    held = {(task_id, token): deadline for task_id, token, deadline in rows}
-    return [held.get((h.task_id, h.lease)) for h in helds]
+    attempts = _sorted_out(worker_id, helds, timezone.now())
+    return [a if isinstance(a, Refused) else a.lease_expires_at for a in attempts]
 
 
 def hand_back_unlisted(worker_id: str, listed: Iterable[Held], *, grace: float = HOLD_ANSWER_GRACE) -> int:
@@ -187,40 +271,47 @@ def hand_back_unlisted(worker_id: str, listed: Iterable[Held], *, grace: float =
     answer never reached it, and would otherwise wait out its deadline and be rescued as a failed
     attempt. Only attempts claimed at least `grace` seconds ago are handed back, so a hold still
     answering is left alone; the hand-back is guarded by each attempt's token like any other.
+    `worker_id` is the authenticated caller's: no other worker's attempt is ever touched.
     """
     worker_id = validate_worker_id(worker_id)
-    listed = set(listed)
+    listed = {h for h in listed if proves(h, worker_id)}
     cutoff = timezone.now() - timedelta(seconds=grace)
     rows = Task.objects.filter(status=Status.PROCESSING, worker_id=worker_id, started_at__lt=cutoff)
-    unknown = [Held(i, token) for i, token in rows.values_list("id", "lease_token") if Held(i, token) not in listed]
-    return sum(release(unknown)) if unknown else 0
+    unknown = [
+        Held(i, token, attempt_key(i, token, worker_id))
+        for i, token in rows.values_list("id", "lease_token")
+        if Held(i, token) not in listed
+    ]
+    return sum(r is None for r in release(worker_id, unknown)) if unknown else 0
 
 
-def release(helds: Sequence[Held]) -> list[bool]:
+def release(worker_id: str, helds: Sequence[Held]) -> list[Refused | None]:
     """Hand claimed-but-unstarted attempts back: pending again as they were, the attempt not counted."""
-    return finish([RemoteReport(h, Outcome.HANDBACK) for h in helds])
+    return finish(worker_id, [RemoteReport(h, Outcome.HANDBACK) for h in helds])
 
 
-def extend(items: Sequence[tuple[Held, Any]]) -> list[datetime | None]:
+def extend(worker_id: str, items: Sequence[tuple[Held, Any]]) -> list[datetime | Refused]:
     """Extend each attempt's deadline by its timeout, saving its checkpoint if one is given (not `...`).
 
-    Returns each attempt's new deadline, or None where the lease was lost. A checkpoint no database
-    could store raises InvalidTask before anything is written.
+    Returns each attempt's new deadline, or why `worker_id` does not hold it. A checkpoint no
+    database could store raises InvalidTask before anything is written.
     """
     for _, checkpoint in items:
         if checkpoint is not ...:
             json_text("checkpoint", checkpoint)
     now = timezone.now()
-    attempts = held_attempts((h for h, _ in items), now)
-    _beat({a.worker_id for a in attempts.values()})
-    deadlines: list[datetime | None] = []
+    attempts = _sorted_out(worker_id, [h for h, _ in items], now)
+    _register(worker_id)
+    deadlines: list[datetime | Refused] = []
     with transaction.atomic():
-        for held, checkpoint in items:
-            attempt = attempts.get(held)
+        for (_, checkpoint), attempt in zip(items, attempts, strict=True):
+            if isinstance(attempt, Refused):
+                deadlines.append(attempt)
+                continue
             try:
-                deadlines.append(None if attempt is None else heartbeat(attempt, checkpoint=checkpoint, now=now))
+                deadlines.append(heartbeat(attempt, checkpoint=checkpoint, now=now))
             except LeaseLost:
-                deadlines.append(None)
+                deadlines.append(Refused.LEASE_LOST)
     return deadlines
 
 
@@ -235,11 +326,6 @@ def _report(attempt: ClaimedTask, remote: RemoteReport) -> Report:
         next_stage=remote.next_stage,
         cost_ms=remote.cost_ms,
     )
-
-
-def _beat(worker_ids: set[str]) -> None:
-    for worker_id in sorted(worker_ids):
-        _register(worker_id)
 
 
 def _register(worker_id: str, task_types: list[str] | None = None, concurrency: int = 0) -> None:

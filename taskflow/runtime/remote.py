@@ -1,17 +1,20 @@
 """The remote worker: runs registered handlers on a machine with no database, through the HTTP API.
 
-It does what the local worker does, over HTTP: holds due tasks in batches sized by its free handler
+It does what the local worker does, over HTTP: registers (`POST workers/`: the server issues its
+worker id and key, sent with every later call), holds due tasks in batches sized by its free handler
 threads (`POST tasks/hold/`), runs each with the same TaskContext as the local worker (its lease
-kept by `HttpChannel`), reports finished attempts in batches with their leases (`POST tasks/set/`),
-beats its liveness (`POST tasks/heartbeat/` with its `worker_id` and every attempt it holds: the
-server answers which were taken away, and hands back any it claimed for this worker whose hold
-answer was lost), and on a graceful stop hands unstarted tasks back (`POST tasks/release/`).
+kept by `HttpChannel`), reports finished attempts in batches with their leases and attempt keys
+(`POST tasks/set/`), beats its liveness (`POST tasks/heartbeat/` with `beat` and every attempt it
+holds: the server answers which were taken away, and hands back any it claimed for this worker
+whose hold answer was lost), and on a graceful stop hands unstarted tasks back (`POST tasks/release/`).
 
 The server may be unreachable at any time. Holding then waits; finished reports stay in memory and
 are sent again with a back-off capped at MAX_BACKOFF seconds, never dropped; a report refused as
 `lease_lost` after such a retry is final (it was applied before the connection broke, or the attempt
 was taken away meanwhile). A handler's heartbeat or checkpoint is retried until its lease would
-expire, then raises LeaseLost. A 401 or 403 stops the worker (`run` raises AccessDenied).
+expire, then raises LeaseLost. A 401 or 403 stops the worker (`run` raises AccessDenied), except a
+refused worker credential (the server's SECRET_KEY changed): the worker registers again, and the
+attempts it held under its old id are refused as `forbidden` and left to taskwatch's rescue.
 
 Nothing here imports the Django ORM or needs Django settings: the server applies every rule
 (validation, retry policy, state machine); the signals a handler raises check their own arguments
@@ -24,7 +27,7 @@ import json
 import logging
 import os
 import queue
-import secrets
+import re
 import socket
 import threading
 import time
@@ -57,9 +60,10 @@ def _parse_time(value: Any) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def new_worker_id() -> str:
-    """host:pid:random, as the local worker's (runtime.worker.new_worker_id), so hosts read the same."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+def host_name() -> str:
+    """This machine's name as the server takes it for a worker id's host part (letters, digits, '_.@/+-')."""
+    host = re.sub(r"[^A-Za-z0-9_.@/+-]", "-", socket.gethostname())[:100]
+    return host if host[:1].isalnum() else ("h" + host)[:100]
 
 
 @dataclass
@@ -80,6 +84,7 @@ class RemoteAttempt:
     trace_id: str
     worker_id: str
     lease: Any  # echoed back exactly as the server sent it
+    attempt_key: str  # the server's proof that this worker holds the attempt, sent with every report
     lease_expires_at: datetime
     # The lease's length as the server granted it, so an extension can be estimated if the server
     # does not say; and the local monotonic clock's reading of the deadline (immune to clock skew).
@@ -108,6 +113,7 @@ class RemoteAttempt:
             trace_id=task.get("trace_id") or "",
             worker_id=task.get("worker_id") or "",
             lease=task["lease"],
+            attempt_key=task.get("attempt_key") or "",
             lease_expires_at=expires,
             lease_seconds=seconds,
             local_deadline=asked_at + seconds,
@@ -120,8 +126,8 @@ class RemoteAttempt:
 
     @property
     def fence(self) -> dict[str, Any]:
-        """What identifies this attempt to the server in every report."""
-        return {"task_id": str(self.id), "lease": self.lease}
+        """What identifies this attempt to the server in every report, and proves this worker holds it."""
+        return {"task_id": str(self.id), "lease": self.lease, "attempt_key": self.attempt_key}
 
     def extended(self, answer: dict[str, Any] | None) -> datetime:
         """Record an applied heartbeat (the server's new deadline if it sent one); returns the deadline."""
@@ -137,8 +143,8 @@ class RemoteAttempt:
 class HttpChannel:
     """The remote worker's AttemptChannel: heartbeats and checkpoints go to the API, retried through outages."""
 
-    def __init__(self, client: ApiClient, attempt: RemoteAttempt, *, worker_id: str) -> None:
-        self.client, self.attempt, self.worker_id = client, attempt, worker_id
+    def __init__(self, client: ApiClient, attempt: RemoteAttempt) -> None:
+        self.client, self.attempt = client, attempt
 
     @property
     def deadline(self) -> datetime:
@@ -174,8 +180,13 @@ class HttpChannel:
                 self.attempt.stop_requested.set()
                 raise lost
             return self.attempt.extended(result)
+        body = {"lease": self.attempt.lease, "attempt_key": self.attempt.attempt_key, "checkpoint": checkpoint}
         try:
-            answer = self.client.set_task(str(self.attempt.id), {"lease": self.attempt.lease, "checkpoint": checkpoint})
+            answer = self.client.set_task(str(self.attempt.id), body)
+        except AccessDenied as exc:
+            # Not this worker's attempt any more (its credential was refused, or the key): as lost.
+            self.attempt.stop_requested.set()
+            raise LeaseLost(f"{lost}: {_detail(exc.body) or exc}") from None
         except Rejected as exc:
             if exc.status == 409:
                 self.attempt.stop_requested.set()
@@ -235,7 +246,6 @@ class RemoteWorker:
         poll_interval: float = 1.0,
         beat_interval: float = 5.0,
         flush_timeout: float = 60.0,
-        worker_id: str | None = None,
     ) -> None:
         types = list(task_types) if task_types else registry.registered_types()
         for task_type in types:
@@ -252,7 +262,6 @@ class RemoteWorker:
         self.poll_interval = poll_interval
         self.beat_interval = beat_interval
         self.flush_timeout = flush_timeout
-        self.worker_id = worker_id or new_worker_id()
 
         self._stopping = threading.Event()
         self._done = threading.Event()
@@ -279,11 +288,16 @@ class RemoteWorker:
 
     # -- public --------------------------------------------------------------------------------
 
+    @property
+    def worker_id(self) -> str:
+        """The id the server issued at registration ("" before it)."""
+        credential = self.client.credential
+        return credential[0] if credential else ""
+
     def run(self) -> None:
         """Work until stopped; then hand back, finish and flush. Raises AccessDenied on a 401/403."""
         log.info(
-            "remote worker %s starting: %s types=%s concurrency=%d",
-            self.worker_id,
+            "remote worker starting: %s types=%s concurrency=%d",
             self.client.root,
             ",".join(self.task_types),
             self.concurrency,
@@ -326,6 +340,12 @@ class RemoteWorker:
         self._threads.append(thread)
         return thread
 
+    def _forget_credential(self, exc: AccessDenied) -> None:
+        """The server no longer accepts this worker's id and key: the next hold registers again."""
+        if self.client.credential is not None and self.client.credential == exc.credential:
+            log.warning("the server refused this worker's credential (%s): registering again", _detail(exc.body) or exc)
+            self.client.credential = None
+
     def _fatal(self, exc: ApiError) -> None:
         with self._lock:
             if self._failure is None:
@@ -345,6 +365,14 @@ class RemoteWorker:
                 held, full = self._hold()
             except Unreachable as exc:
                 log.warning("cannot hold tasks: %s; trying again in %.1fs", exc, pause)
+                self._stopping.wait(pause)
+                pause = min(pause * 2, MAX_BACKOFF)
+                continue
+            except AccessDenied as exc:
+                if not exc.credential_refused:
+                    self._fatal(exc)
+                    return
+                self._forget_credential(exc)
                 self._stopping.wait(pause)
                 pause = min(pause * 2, MAX_BACKOFF)
                 continue
@@ -373,8 +401,12 @@ class RemoteWorker:
         if in_flight and free < max(1, self.concurrency // 4):
             return 0, False
         limit = min(free, MAX_HOLD)
+        if self.client.credential is None:
+            concurrency = min(self.concurrency, MAX_HOLD)  # as the server counts it
+            worker_id = self.client.register(host_name(), os.getpid(), self.task_types, concurrency)
+            log.info("registered as remote worker %s", worker_id)
         asked_at = time.monotonic()
-        tasks, server_now = self.client.hold(self.task_types, limit, self.worker_id)
+        tasks, server_now = self.client.hold(self.task_types, limit)
         for task in tasks:
             attempt = RemoteAttempt.from_json(task, asked_at, server_now)
             with self._lock:
@@ -440,7 +472,7 @@ class RemoteWorker:
         return report
 
     def _run_handler(self, attempt: RemoteAttempt) -> RemoteReport:
-        ctx = TaskContext(attempt, HttpChannel(self.client, attempt, worker_id=self.worker_id))
+        ctx = TaskContext(attempt, HttpChannel(self.client, attempt))
         try:
             result = registry.get_handler(attempt.task_type)(ctx)
             _json_text("result", result)
@@ -493,6 +525,17 @@ class RemoteWorker:
                 continue
             try:
                 self._send_reports(pending)
+            except AccessDenied as exc:
+                if not exc.credential_refused:
+                    self._fatal(exc)
+                    return
+                # Kept until the hold loop has registered again; then refused as `forbidden`, and settled.
+                self._forget_credential(exc)
+                if self._done.wait(pause) and self._give_up_flushing():
+                    return
+                pause = min(pause * 2, MAX_BACKOFF)
+                self._reports_ready.set()
+                continue
             except Unreachable as exc:
                 log.warning(
                     "%d report(s) kept until the server answers: %s; next try in %.1fs", len(pending), exc, pause
@@ -558,7 +601,9 @@ class RemoteWorker:
         error = result.get("error") or ""
         item = report.item or {}
         final_failure = item.get("status") == "failed" and item.get("retry") is False
-        if error != "lease_lost" and not final_failure:
+        # `forbidden`: not this worker's attempt (held under an id whose credential was refused since).
+        taken_away = error in ("lease_lost", "forbidden")
+        if not taken_away and not final_failure:
             # A value the server will not store (a result over its size limit, say): the local
             # worker fails such a task rather than lose its report, and so does this one.
             reason = _detail(result) or error or "refused by the server"
@@ -569,12 +614,12 @@ class RemoteWorker:
                 self._reports[index] = RemoteReport(report.attempt, replacement, report.tries)
             self._reports_ready.set()
             return
-        if error != "lease_lost":
+        if not taken_away:
             log.error("task %s: its failure report was refused too (%s): dropped", report.attempt.id, _detail(result))
         elif report.tries > 1:
             log.info("task %s: a retried report was refused (lease_lost): applied before, or fenced", report.attempt.id)
         else:
-            log.warning("task %s: report refused (lease_lost): the attempt was taken away", report.attempt.id)
+            log.warning("task %s: report refused (%s): the attempt was taken away", report.attempt.id, error)
         self._settle(report, applied=False)
 
     def _settle(self, report: RemoteReport, *, applied: bool) -> None:
@@ -590,15 +635,18 @@ class RemoteWorker:
 
     def _maybe_beat(self) -> None:
         """Beat if one is due. Called only between holds (never while one is in flight), see _held."""
-        if time.monotonic() - self._last_beat < self.beat_interval:
+        if time.monotonic() - self._last_beat < self.beat_interval or self.client.credential is None:
             return
         self._last_beat = time.monotonic()
         with self._lock:
             held = list(self._held.values())
         try:
-            results, n_back = self.client.beat(self.worker_id, [a.fence for a in held])
+            results, n_back = self.client.beat([a.fence for a in held])
         except AccessDenied as exc:
-            self._fatal(exc)
+            if exc.credential_refused:
+                self._forget_credential(exc)
+            else:
+                self._fatal(exc)
             return
         except ApiError as exc:
             if str(exc) != self._beat_problem:  # said once, not at every beat

@@ -1,7 +1,9 @@
 """The worker side of taskflow's HTTP API as the remote worker calls it: keep-alive sessions, answers sorted out.
 
 Every failure is one of three: `Unreachable` (no usable answer: try again later), `AccessDenied`
-(401/403: stop), `Rejected` (another 4xx, with the server's JSON error in `body`).
+(401/403: stop, unless it is `credential_refused`), `Rejected` (another 4xx, with the server's JSON
+error in `body`). A worker registers first (`register`); the client then sends the worker id and
+key the server issued with every call, in the Taskflow-Worker-Id and Taskflow-Worker-Key headers.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ class Unreachable(ApiError):
 class AccessDenied(ApiError):
     """401 or 403: the token is wrong or lacks the worker permission; retrying cannot help."""
 
+    credential: tuple[str, str] | None = None
+
+    @property
+    def credential_refused(self) -> bool:
+        """The worker's id and key were refused (the server's SECRET_KEY changed, say): register again."""
+        return isinstance(self.body, dict) and self.body.get("error") == "worker_refused"
+
 
 class Rejected(ApiError):
     """Another 4xx: the request itself was refused (its JSON body is in `body`)."""
@@ -43,6 +52,7 @@ class ApiClient:
         self.token = token
         self.timeout = timeout
         self._local = threading.local()
+        self.credential: tuple[str, str] | None = None  # (worker_id, worker_key), as `register` got them
 
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
@@ -57,8 +67,14 @@ class ApiClient:
     def post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], datetime | None]:
         """POST JSON; returns the answer's JSON and the server's clock (its Date header), or raises ApiError."""
         url = urljoin(self.root, path)
+        credential = self.credential
+        headers = (
+            {} if credential is None else {"Taskflow-Worker-Id": credential[0], "Taskflow-Worker-Key": credential[1]}
+        )
         try:
-            response = self._session().post(url, json=body, timeout=(min(5.0, self.timeout), self.timeout))
+            response = self._session().post(
+                url, json=body, headers=headers, timeout=(min(5.0, self.timeout), self.timeout)
+            )
         except requests.RequestException as exc:
             # A broken keep-alive connection must not poison the next try.
             self._local.session = None
@@ -70,24 +86,36 @@ class ApiClient:
         status = response.status_code
         if status in (401, 403):
             detail = answer.get("detail", "") if isinstance(answer, dict) else response.text[:200]
-            raise AccessDenied(f"{url} answered {status}: {detail}", status, answer)
+            denied = AccessDenied(f"{url} answered {status}: {detail}", status, answer)
+            denied.credential = credential  # what was refused, if the client has registered again since
+            raise denied
         if status >= 500 or status in (408, 429) or (status < 400 and not isinstance(answer, dict)):
             raise Unreachable(f"{url} answered {status}", status, answer)
         if status >= 400:
             raise Rejected(f"{url} answered {status}: {answer!r}"[:1000], status, answer)
         return answer, _server_clock(response)
 
-    def hold(self, task_types: list[str], limit: int, worker_id: str) -> tuple[list[dict[str, Any]], datetime | None]:
-        answer, clock = self.post("tasks/hold/", {"task_types": task_types, "limit": limit, "worker_id": worker_id})
+    def register(self, host: str, pid: int, task_types: list[str], concurrency: int) -> str:
+        """Have the server issue this worker's id and key (kept for every later call); returns the id."""
+        body = {"host": host, "pid": pid, "task_types": task_types, "concurrency": concurrency}
+        answer, _ = self.post("workers/", body)
+        worker_id, key = answer.get("worker_id"), answer.get("worker_key")
+        if not (isinstance(worker_id, str) and isinstance(key, str)):
+            raise Unreachable(f"workers/: an answer without worker_id and worker_key: {answer!r}"[:500])
+        self.credential = (worker_id, key)
+        return worker_id
+
+    def hold(self, task_types: list[str], limit: int) -> tuple[list[dict[str, Any]], datetime | None]:
+        answer, clock = self.post("tasks/hold/", {"task_types": task_types, "limit": limit})
         return answer["tasks"], clock
 
     def batch(self, path: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """POST `{"items": items}` to a batch endpoint; the per-item results, in order."""
         return self._batch(path, {"items": items})[0]
 
-    def beat(self, worker_id: str, held: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    def beat(self, held: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
         """A liveness beat listing every attempt held: per-item results, and how many the server handed back."""
-        results, answer = self._batch("tasks/heartbeat/", {"worker_id": worker_id, "items": held})
+        results, answer = self._batch("tasks/heartbeat/", {"beat": True, "items": held})
         handed_back = answer.get("handed_back", 0)
         return results, handed_back if isinstance(handed_back, int) else 0
 
