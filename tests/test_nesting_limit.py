@@ -26,7 +26,7 @@ from taskflow.runtime.remote_client import ApiClient
 from tests.apiclients import Api, api_as
 
 from .conftest import run_in_thread, wait_until
-from .remote_support import api_token
+from .remote_support import api_token, register_worker
 
 T = "test_nesting.deep"
 MARIADB_REFUSES = 32
@@ -174,8 +174,13 @@ def test_the_api_answers_400_for_a_value_nested_too_deep_and_writes_nothing(valu
     assert not Task.objects.exists()
 
 
+def lease_of(held: dict[str, Any]) -> dict[str, Any]:
+    return {"lease": held["lease"], "attempt_key": held["attempt_key"]}
+
+
 def hold(worker: Api, count: int) -> list[dict[str, Any]]:
-    status, body = worker.post("/api/tasks/hold/", {"task_types": ["api.deep"], "limit": count, "worker_id": "h:1:x"})
+    register_worker(worker, task_types=("api.deep",))
+    status, body = worker.post("/api/tasks/hold/", {"task_types": ["api.deep"], "limit": count})
     assert status == 200 and len(body["tasks"]) == count, body
     return body["tasks"]
 
@@ -192,14 +197,14 @@ def test_a_worker_report_nested_too_deep_is_400_and_the_attempt_stays_held() -> 
         ({"stage": "next", "context": value}, "context"),
         ({"checkpoint": value}, "checkpoint"),
     ):
-        status, answer = worker.post(f"/api/tasks/{held['task_id']}/set/", {"lease": held["lease"], **body})
+        status, answer = worker.post(f"/api/tasks/{held['task_id']}/set/", {**lease_of(held), **body})
         assert (status, answer["error"], list(answer["fields"])) == (400, "invalid", [field]), answer
     assert Task.objects.filter(pk=int(held["task_id"])).values().get() == before
 
     # In a batch the deep item is refused alone; the other is applied.
     items = [
-        {"task_id": held["task_id"], "lease": held["lease"], "checkpoint": value},
-        {"task_id": other["task_id"], "lease": other["lease"], "status": "success", "result": arrays(MAX_JSON_DEPTH)},
+        {"task_id": held["task_id"], **lease_of(held), "checkpoint": value},
+        {"task_id": other["task_id"], **lease_of(other), "status": "success", "result": arrays(MAX_JSON_DEPTH)},
     ]
     status, answer = worker.post("/api/tasks/set/", {"items": items})
     assert status == 200
@@ -208,7 +213,7 @@ def test_a_worker_report_nested_too_deep_is_400_and_the_attempt_stays_held() -> 
     assert Task.objects.filter(pk=int(held["task_id"])).values().get() == before
     assert Task.objects.get(pk=int(other["task_id"])).result == arrays(MAX_JSON_DEPTH)
     # Still this worker's attempt: its report is taken.
-    success = {"lease": held["lease"], "status": "success", "result": 1}
+    success = {**lease_of(held), "status": "success", "result": 1}
     status, _ = worker.post(f"/api/tasks/{held['task_id']}/set/", success)
     assert status == 200 and Task.objects.get(pk=int(held["task_id"])).status == Status.SUCCESS
 
@@ -226,9 +231,10 @@ def test_a_remote_checkpoint_nested_too_deep_raises_invalid_task_and_keeps_the_l
 ) -> None:
     task = taskflow.enqueue(T, {"what": "checkpoint"}, timeout=60)
     client = ApiClient(live_server.url + "/api/", remote_token, timeout=5)
-    [held], clock = client.hold([T], 1, "deep-host:1:abc")
+    client.register("deep-host", 1, [T], 1)
+    [held], clock = client.hold([T], 1)
     attempt = RemoteAttempt.from_json(held, time.monotonic(), clock)
-    channel = HttpChannel(client, attempt, worker_id="deep-host:1:abc")
+    channel = HttpChannel(client, attempt)
     before = Task.objects.filter(pk=task.pk).values().get()
     with pytest.raises(InvalidTask, match="checkpoint nests"):
         channel.heartbeat(arrays(MARIADB_REFUSES))  # was: 503s until the lease expired, then LeaseLost
