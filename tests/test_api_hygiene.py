@@ -16,7 +16,7 @@ import taskflow
 from taskflow.api import permissions as perms
 from taskflow.api.views import ApiView
 from taskflow.models import ScheduleCfg, Task
-from tests.apiclients import ROLES, Api, user_with
+from tests.apiclients import ROLES, Api, api_as, user_with
 from tests.taskapp import djtasks
 
 pytestmark = pytest.mark.django_db
@@ -248,3 +248,21 @@ def test_an_unknown_path_under_the_api_is_a_json_404(method: str, path: str) -> 
     response = getattr(client, method)(path)
     assert (response.status_code, error_of(response)) == (404, "not_found")
     assert APIClient().get(path).status_code == 404
+
+
+# -- a value the database refuses ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error", ["DataError", "IntegrityError"])
+def test_a_value_the_database_refuses_is_a_400_not_a_503_to_retry(monkeypatch, error: str) -> None:  # noqa: ANN001
+    """Were validation ever to miss one, a client honouring Retry-After must not resend it for ever."""
+    from django import db
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise getattr(db, error)("value refused by the database")
+
+    monkeypatch.setattr(taskflow, "enqueue", refuse)
+    producer = api_as("producer")
+    status, body = producer.post("/api/tasks/", {"task_type": T})
+    assert (status, body["error"]) == (400, "refused_by_database"), body
+    assert not producer.response.has_header("Retry-After")

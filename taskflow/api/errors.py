@@ -3,7 +3,8 @@
 `fields` comes with 400s only, one entry per invalid field; nested fields are named with their
 path (`tasks[3].priority`). Conflicts with the engine's state are 409s with their own codes
 (`lease_lost`, `not_applicable`, `stale_version`); a database that is busy or away is a 503 the
-caller may retry, never a 500.
+caller may retry, never a 500; a value the database itself refuses (a bug of validation) is a 400
+`refused_by_database`, which no retry would change.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.db import DatabaseError
+from django.db import DatabaseError, DataError, IntegrityError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -108,6 +109,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         field = message.split(" ", 1)[0]
         fields = {field: [message]} if field.isidentifier() and field.islower() else {"non_field_errors": [message]}
         return Response(error_body("invalid", message, fields), status=status.HTTP_400_BAD_REQUEST)
+    elif isinstance(exc, DataError | IntegrityError) and not sql.is_lock_conflict(exc):
+        # The database refused a value that validation let through: the same request would be
+        # refused again, so a 503 would send a client that honours Retry-After round for ever.
+        log.error("API request refused by the database: %s: %s", type(exc).__name__, exc)
+        message = "the database refused a value of this request; sending it again will not help"
+        return Response(error_body("refused_by_database", message), status=status.HTTP_400_BAD_REQUEST)
     elif isinstance(exc, DatabaseError):
         # A lock conflict or an outage: nothing was written; the caller tries again.
         log.warning("API request refused for now: %s: %s", type(exc).__name__, exc)
