@@ -71,7 +71,8 @@ def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
     """Stop tasks: pending and waiting ones at once; running ones too, fencing their attempt (its writes are refused).
 
     A running handler is told through `ctx.stop_requested`, and its next heartbeat or checkpoint
-    raises LeaseLost; its concurrency slot is given back at once. Finished tasks are skipped.
+    raises LeaseLost; its concurrency slot is given back when it returns or its attempt's deadline
+    passes, whichever is first (limiter.py: lingering attempts). Finished tasks are skipped.
     Tasks waiting for a stopped task are stopped too (dependencies.py), down the graph.
     """
 
