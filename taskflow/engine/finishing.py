@@ -30,7 +30,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connection, tran
 from django.utils import timezone
 
 from ..models import ScheduleCfg, Status
-from . import dependencies, sql, tasklog, wakeup
+from . import dependencies, djangotasks, sql, tasklog, wakeup
 from . import limiter as limiter_module
 from .attempts import Outcome, Report
 from .configs import configs
@@ -104,10 +104,11 @@ def _finish(
     finally:
         # Also when an outage stopped the rest: what was written keeps its slots and wake-ups right.
         _give_slots_back(accepted, cfgs, limiter, now)
-        # Tasks that reached their final status release the tasks waiting for them, once committed.
-        dependencies.release_on_commit(
-            r.task.id for r in accepted if r.written and r.written.get("status") in dependencies.FINISHED
-        )
+        # Tasks that reached their final status release the tasks waiting for them, once committed;
+        # django.tasks ones are announced (task_finished), once, whoever ended them.
+        ended = [r.task for r in accepted if r.written and r.written.get("status") in dependencies.FINISHED]
+        dependencies.release_on_commit(task.id for task in ended)
+        djangotasks.announce_finished((task.id, task.task_type) for task in ended)
         # Requeued work that is due now (retries without delay, next stages, hand-backs): look at once.
         due = {r.task.task_type for r in accepted if _due_now(r.written, now)}
         if due:
