@@ -507,6 +507,18 @@ def test_a_stopped_attempt_keeps_its_exact_slot_until_its_handler_returns():
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("late", [Outcome.TERMINATED, Outcome.RESCUED])
+def test_a_second_stop_or_a_rescue_racing_the_first_stop_frees_nothing(late):
+    cfg = limited_cfg("t.a", 1)
+    add_tasks("t.a", 2)
+    [x] = exact_claim(cfg)
+    operations.terminate([x.id], by="op")
+    # As read by another operator, or taskwatch, before the first stop committed: refused.
+    assert finish_attempts([Report(x, late, error="late")]) == []
+    assert exact_claim(cfg) == []  # the handler still runs
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_stopped_attempt_keeps_its_slot_until_its_deadline_passes():
     cfg = limited_cfg("t.a", 1)
     x_id = taskflow.enqueue("t.a", {}, timeout=1).pk

@@ -49,6 +49,8 @@ ROW_BYTES = 2048  # what a row's bounded columns (schedule log, timestamps, ids)
 REFUSAL_TRIES = 3
 
 Row = tuple[Report, dict[str, Any]]  # a report and the columns it writes
+# Ends of attempts decided by others than the worker running them (operators, taskwatch).
+_NOT_FROM_HANDLERS = frozenset({Outcome.TERMINATED, Outcome.RESCUED})
 
 
 def finish_attempts(
@@ -74,8 +76,10 @@ def finish_attempts(
     live = list(unique.values())
     accepted = _finish(live, cfgs, limiter, guard, now) if live else []
     # The others' attempts were taken away. One an operator stopped while it ran kept its slot
-    # until now, when its handler has returned (limiter.py: lingering attempts).
-    handlers_returned([(r.task.id, r.task.lease_token) for r in reports if r.written is None], limiter)
+    # until now, when its handler has returned (limiter.py: lingering attempts). Not when the
+    # report was someone else's (a second stop, a rescue, racing the first): the handler runs on.
+    returned = [r.task for r in reports if r.written is None and r.outcome not in _NOT_FROM_HANDLERS]
+    handlers_returned([(task.id, task.lease_token) for task in returned], limiter)
     return accepted
 
 
