@@ -3,7 +3,10 @@
 The worker's reports, taskwatch's rescues, operator actions and the HTTP API all end attempts
 through `finish_attempts`: it decides each row's changes with the state machine, writes them with
 guarded UPDATEs, gives each accepted attempt's limiter slot back exactly once, wakes workers
-for work it made due, and releases the tasks waiting for the tasks it finished (dependencies.py).
+for work it made due, releases the tasks waiting for the tasks it finished (dependencies.py) and
+announces the django.tasks ones (task_finished, djangotasks.py). A limit holds at every moment:
+an attempt stopped by an operator while its handler runs keeps its slot until that handler's
+report comes back (refused) or its deadline passes (limiter.py: lingering attempts).
 
 One report must never hold back the others. Statements are bounded by rows and by bytes (MySQL
 refuses a packet over max_allowed_packet, 16 MiB by default). A write that fails while the
