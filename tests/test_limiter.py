@@ -565,3 +565,20 @@ def test_a_stopped_attempt_keeps_its_redis_slot_until_its_handler_returns(redis_
     finish_attempts([Report(x, Outcome.LOST)], limiter=slots)  # the handler returned (LeaseLost)
     assert held(redis_client, "t.a") == held(redis_client, GLOBAL) == set()
     assert len(claim_with(slots, cfg, 1)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_remote_workers_stopped_attempt_keeps_its_slot_until_its_deadline():
+    from taskflow.engine import remote
+
+    limited_cfg("t.a", 1)
+    taskflow.enqueue("t.a", {}, timeout=1)
+    add_tasks("t.a", 1)
+    worker = "host-r:0:remote"
+    [x] = remote.hold(["t.a"], 1, worker)
+    operations.terminate([x.id], by="op")
+    assert remote.hold(["t.a"], 1, worker) == []  # its handler may still run, out of our sight
+    wait_until(lambda: timezone.now() > x.lease_expires_at + timedelta(seconds=0.2), timeout=5)
+    remote.beat(worker)
+    assert rescue.free_lingering_slots() == 1  # taskwatch, at the deadline
+    assert len(remote.hold(["t.a"], 1, worker)) == 1
