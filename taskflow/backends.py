@@ -11,6 +11,7 @@ caller's transaction: the task commits or rolls back with the caller's data. See
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from types import SimpleNamespace
@@ -18,11 +19,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
+from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_finished
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
@@ -44,6 +45,8 @@ STATUSES: dict[str, TaskResultStatus] = {
     Status.STOPPED: TaskResultStatus.FAILED,
 }
 UNKNOWN_STATUS = TaskResultStatus.READY
+
+logger = logging.getLogger("taskflow.backends")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,6 +240,33 @@ class TaskflowBackend(BaseTaskBackend):
         for f in fields(defined):
             object.__setattr__(stored, f.name, changes.get(f.name, getattr(defined, f.name)))
         return stored
+
+
+def send_task_finished(rows: list[TaskRow]) -> None:
+    """Send Django's task_finished for these ended django.tasks tasks (after the commit that ended them).
+
+    Called by the engine wherever a task ends (djangotasks.announce_finished), so the signal goes
+    out once per ending, whoever ended it: the worker, taskwatch, an operator, a remote worker.
+    """
+    for row in rows:
+        payload = row.payload if isinstance(row.payload, dict) else {}
+        try:
+            backend = task_backends[payload.get("backend") or DEFAULT_TASK_BACKEND_ALIAS]
+        except InvalidTaskBackend:
+            continue  # its alias left TASKS: no backend to speak for it
+        if not isinstance(backend, TaskflowBackend):
+            continue
+        try:
+            result = backend.task_result(row)
+        except TaskResultDoesNotExist:
+            continue  # its function is gone
+        # Robust: the task has ended and committed; a receiver's error must not undo the caller's work.
+        for receiver, error in task_finished.send_robust(type(backend), task_result=result):
+            if isinstance(error, Exception):
+                logger.error("task_finished receiver %r failed", receiver, exc_info=error)
+
+
+djangotasks.on_finished(send_task_finished)
 
 
 def _error(exception_class_path: str, message: str, traceback: str = "") -> TaskError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pickle
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -403,6 +404,96 @@ def test_an_attempt_of_a_dead_worker_names_worker_lost(transactional_db) -> None
     assert "stopped heartbeating" in result.errors[0].traceback
 
 
+# -- task_finished, whoever ends the task ------------------------------------------------------------
+
+
+@pytest.fixture
+def finished_signals() -> Iterator[list[tuple]]:
+    """The task_finished signals sent during the test: (sender, id, status, exception classes)."""
+    seen: list[tuple] = []
+
+    def receiver(sender, task_result, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.append((sender, task_result.id, task_result.status, [e.exception_class for e in task_result.errors]))
+
+    task_finished.connect(receiver)
+    yield seen
+    task_finished.disconnect(receiver)
+
+
+SLEEP_FOR = "tests.taskapp.djtasks.sleep_for"  # max_retries=0: its first attempt is its last
+
+
+def test_task_finished_is_sent_once_when_taskwatch_times_out_the_last_attempt(
+    transactional_db, finished_signals  # noqa: ANN001
+) -> None:
+    result = djtasks.sleep_for.enqueue(10)
+    (attempt,) = claim(SLEEP_FOR)
+    TaskRow.objects.filter(pk=int(result.id)).update(lease_expires_at=timezone.now() - timedelta(seconds=5))
+    assert rescue_expired_attempts() == 1
+    assert finished_signals == [
+        (TaskflowBackend, result.id, TaskResultStatus.FAILED, [taskflow.exceptions.AttemptTimedOut])
+    ]
+    assert finish_attempts([Report(attempt, Outcome.SUCCESS, result=1)]) == []  # the handler's late report
+    assert len(finished_signals) == 1
+
+
+def test_task_finished_is_sent_once_when_a_dead_workers_last_attempt_is_rescued(
+    transactional_db, finished_signals  # noqa: ANN001
+) -> None:
+    from taskflow.engine.rescue import rescue_dead_workers
+    from taskflow.models import WorkerProcess
+
+    retried = djtasks.failing_task_value_error.enqueue()  # max_retries=2: rescued, it runs again
+    result = djtasks.sleep_for.enqueue(10)
+    claim(SLEEP_FOR, "host-d:9:dead")
+    claim("tests.taskapp.djtasks.failing_task_value_error", "host-d:9:dead")
+    beat = timezone.now() - timedelta(seconds=60)
+    WorkerProcess.objects.create(worker_id="host-d:9:dead", host="host-d", pid=9, started_at=beat, heartbeat_at=beat)
+    assert rescue_dead_workers() == 2
+    assert row(retried).status == Status.PENDING
+    assert finished_signals == [(TaskflowBackend, result.id, TaskResultStatus.FAILED, [taskflow.exceptions.WorkerLost])]
+    assert rescue_dead_workers() == 0 and len(finished_signals) == 1
+
+
+def test_task_finished_is_sent_once_when_an_operator_stops_a_task(transactional_db, finished_signals) -> None:  # noqa: ANN001
+    from taskflow.engine import operations
+
+    running = djtasks.sleep_for.enqueue(10)
+    (attempt,) = claim(SLEEP_FOR)
+    waiting = djtasks.echo.enqueue(1)
+    other = taskflow.enqueue("test.noop", {})  # not a django.tasks task: no signal
+    with transaction.atomic():
+        assert operations.terminate([int(running.id), int(waiting.id), other.pk], by="alice").changed == 3
+        assert finished_signals == []  # not before the commit
+    stopped = [taskflow.exceptions.TaskStopped]
+    assert sorted(finished_signals) == sorted(
+        [
+            (TaskflowBackend, running.id, TaskResultStatus.FAILED, stopped),
+            (TaskflowBackend, waiting.id, TaskResultStatus.FAILED, stopped),
+        ]
+    )
+    assert operations.terminate([int(running.id), int(waiting.id)], by="alice").changed == 0
+    assert finish_attempts([Report(attempt, Outcome.SUCCESS, result=1)]) == []  # its handler returns: refused
+    assert len(finished_signals) == 2
+
+
+def test_task_finished_is_sent_when_a_task_waited_past_its_pending_timeout(
+    transactional_db, finished_signals  # noqa: ANN001
+) -> None:
+    from taskflow.engine.expiry import fail_stale_pending
+
+    result = djtasks.echo.enqueue(1)
+    configs.get(ECHO)
+    ScheduleCfg.objects.filter(pk=ECHO).update(pending_timeout=1)
+    long_ago = timezone.now() - timedelta(hours=1)
+    TaskRow.objects.filter(pk=int(result.id)).update(run_after=long_ago, order_time=long_ago, created_at=long_ago)
+    assert fail_stale_pending() == 1
+    assert [(s, i, status) for s, i, status, _ in finished_signals] == [
+        (TaskflowBackend, result.id, TaskResultStatus.FAILED)
+    ]
+    assert fail_stale_pending() == 0 and len(finished_signals) == 1
+
+
 def test_attempts_beyond_the_schedule_log_still_count() -> None:
     result = djtasks.echo.enqueue()
     TaskRow.objects.filter(pk=int(result.id)).update(attempts=9, status=Status.FAILED, status_msg="gave up")
@@ -473,8 +564,9 @@ def test_keyboard_interrupt_is_re_raised_and_stops_the_worker(start_worker, capl
         result = finished(djtasks.failing_task_keyboard_interrupt.enqueue())
     assert worker._stopping.is_set()  # the worker stops, as after Ctrl-C
     assert result.errors[0].exception_class is KeyboardInterrupt
-    # No task_finished: Django logs no failure for it (only enqueued and started).
-    assert [r.levelname for r in caplog.records if r.name == "django.tasks"] == ["DEBUG", "INFO"]
+    # The task ended failed, and that is announced once like any other end (Django's logger: ERROR).
+    wait_until(lambda: len([r for r in caplog.records if r.name == "django.tasks"]) == 3)
+    assert [r.levelname for r in caplog.records if r.name == "django.tasks"] == ["DEBUG", "INFO", "ERROR"]
 
 
 def test_context_gives_the_result_and_counts_attempts_from_one(worker) -> None:  # noqa: ANN001
@@ -498,8 +590,11 @@ def test_signals_and_django_logging(worker, caplog) -> None:  # noqa: ANN001
         signal.connect(receiver)
     try:
         with caplog.at_level("DEBUG", logger="django.tasks"):
+            # task_finished goes out once the end commits: wait for it before the next enqueue.
             ok = finished(djtasks.flaky_with_context.enqueue(2))
+            wait_until(lambda: seen and seen[-1][0] is task_finished)
             bad = finished(djtasks.failing_task_value_error.enqueue())  # max_retries=2: three attempts
+            wait_until(lambda: seen[-1][0] is task_finished)
     finally:
         for signal in signals:
             signal.disconnect(receiver)
@@ -518,7 +613,8 @@ def test_signals_and_django_logging(worker, caplog) -> None:  # noqa: ANN001
     ]
     logged = [r for r in caplog.records if r.name == "django.tasks" and bad.id in r.getMessage()]
     assert "state=FAILED" in logged[-1].getMessage() and logged[-1].levelname == "ERROR"
-    assert logged[-1].exc_info and logged[-1].exc_info[0] is ValueError  # sent inside the except block
+    # Sent after the commit, not inside the handler's except block: the traceback is in the result.
+    assert bad.errors[-1].exception_class is ValueError and "ValueError" in bad.errors[-1].traceback
 
 
 def test_queues_select_task_types() -> None:

@@ -99,6 +99,8 @@ def test_signals_are_sent_in_the_worker_as_djangos_backends_send_them(spawn, run
     def signals(result) -> list[str]:  # noqa: ANN001
         return [f"{run[1]} {run[2]}" for run in read_runs(run_log) if run[0] == result.id and ":" in run[2]]
 
+    # task_finished goes out just after the end commits.
+    wait_until(lambda: all(any("task_finished" in line for line in signals(r)) for r in (ok, bad)))
     # enqueued is sent here (the test's process), the others by the worker; attempts counted in each.
     assert signals(ok) == [
         "0 task_enqueued:READY:TaskflowBackend",
@@ -150,6 +152,19 @@ def test_queues_select_what_a_worker_runs(spawn) -> None:  # noqa: ANN001
     assert worker.wait(timeout=30) == 0
     spawn("taskworker", "--types", "tests.taskapp.djtasks.calculate_meaning_of_life")
     assert finished(default).return_value == 42
+
+
+def test_a_queue_first_used_after_the_worker_started_is_served(spawn, settings, tmp_path: Path) -> None:  # noqa: ANN001
+    """QUEUES: [] allows any queue: a worker started without --types serves a new one without a restart."""
+    any_queue = {"default": {"BACKEND": "taskflow.backends.TaskflowBackend", "QUEUES": []}}
+    settings.TASKS = any_queue
+    package = tmp_path / "anyqueue"
+    package.mkdir()
+    (package / "anyqueue_settings.py").write_text(f"from tests.settings import *  # noqa\nTASKS = {any_queue!r}\n")
+    spawn("taskworker", env={"PYTHONPATH": str(package), "DJANGO_SETTINGS_MODULE": "anyqueue_settings"})
+    assert finished(djtasks.calculate_meaning_of_life.enqueue()).status == S  # the worker is up
+    fresh = djtasks.calculate_meaning_of_life.using(queue_name="fresh").enqueue()
+    assert finished(fresh, timeout=20).return_value == 42
 
 
 def test_a_rolled_back_enqueue_never_runs(spawn, run_log: Path) -> None:  # noqa: ANN001

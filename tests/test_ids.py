@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -207,6 +208,33 @@ def test_a_holder_that_lost_its_lease_cannot_renew_it(transactional_db: None, mo
     assert store.renew(first, first.limit_ms + 1) is None
     store.release(first, first.floor_ms)  # matches nothing: the node stays the second holder's
     assert IdNode.objects.get(node=node).owner == second.token
+
+
+def test_a_database_beside_this_one_never_takes_its_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """./scripts/run's database (var/taskflow.sqlite3) holding nodes leaves the test database's free."""
+    if connection.vendor != "sqlite":
+        pytest.skip("IdNode rows live in their own database already")
+    this = Path(str(connection.settings_dict["NAME"]))
+    beside = this.with_name("taskflow.sqlite3" if this.name != "taskflow.sqlite3" else "other.sqlite3")
+    folder = nodes._node_folder(str(beside))
+    folder.mkdir(parents=True, exist_ok=True)
+    held = []
+    try:
+        # Every node the tests above aim at, held by processes of the other database.
+        for node in range(777, 1024):
+            fd = os.open(folder / f"{node}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            held.append(fd)
+            with contextlib.suppress(BlockingIOError):  # a real process on that database holds it: as good
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        node = other_node()
+        aim_at(monkeypatch, node)
+        store = nodes.node_source()
+        lease = store.acquire(ids._wall_ms())
+        store.release(lease, lease.floor_ms)
+        assert lease.node == node
+    finally:
+        for fd in held:
+            os.close(fd)
 
 
 # ---------------------------------------------------------------- real processes

@@ -7,21 +7,23 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 import pytest
 import redis
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import taskflow
-from taskflow.engine import limiter
+from taskflow.engine import limiter, operations, rescue, workers
 from taskflow.engine.attempts import Outcome, Report
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
 from taskflow.engine.finishing import finish_attempts
 from taskflow.engine.limiter import GATE, GLOBAL, Limiter, held_slots, holder, reconcile_counters, slots_key
-from taskflow.models import Lock, ScheduleCfg, Status, Task
+from taskflow.models import Lock, ScheduleCfg, Status, Task, WorkerProcess
 
 from .conftest import wait_until
 
@@ -479,3 +481,104 @@ def test_exact_limits_hold_between_concurrent_claimers(type_limit, global_limit_
         assert max(per_type) <= type_limit
     if not global_limit_:
         assert per_type == [type_limit, type_limit]
+
+
+# -- a task stopped while its handler still runs -------------------------------------------------------
+
+
+def exact_claim(cfg: ScheduleCfg) -> list:
+    return claim_batch(cfg, 1, "w1", exact_limit=cfg.concurrency_limit, exact_global_limit=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_attempt_keeps_its_exact_slot_until_its_handler_returns():
+    cfg = limited_cfg("t.a", 1)
+    add_tasks("t.a", 2)
+    [x] = exact_claim(cfg)
+    operations.terminate([x.id], by="op")
+    assert Task.objects.get(pk=x.id).status == Status.STOPPED
+    assert exact_claim(cfg) == []  # its handler still runs
+    with transaction.atomic():
+        assert limiter.exact_room("t.b", 5, 0, 2) == 1  # the global count holds it too
+    assert finish_attempts([Report(x, Outcome.SUCCESS, result={})]) == []  # refused: the task was stopped
+    [y] = exact_claim(cfg)  # the handler returned: its slot is free, once
+    finish_attempts([Report(x, Outcome.SUCCESS, result={})])  # the same report again frees nothing more
+    assert y.id != x.id and exact_claim(cfg) == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("late", [Outcome.TERMINATED, Outcome.RESCUED])
+def test_a_second_stop_or_a_rescue_racing_the_first_stop_frees_nothing(late):
+    cfg = limited_cfg("t.a", 1)
+    add_tasks("t.a", 2)
+    [x] = exact_claim(cfg)
+    operations.terminate([x.id], by="op")
+    # As read by another operator, or taskwatch, before the first stop committed: refused.
+    assert finish_attempts([Report(x, late, error="late")]) == []
+    assert exact_claim(cfg) == []  # the handler still runs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_attempt_keeps_its_slot_until_its_deadline_passes():
+    cfg = limited_cfg("t.a", 1)
+    x_id = taskflow.enqueue("t.a", {}, timeout=1).pk
+    add_tasks("t.a", 1)
+    workers.beat("w1", "host", ["t.a"], 1)
+    [x] = exact_claim(cfg)
+    operations.terminate([x_id], by="op")
+    assert rescue.free_lingering_slots() == 0  # deadline ahead, worker alive
+    assert exact_claim(cfg) == []
+    wait_until(lambda: timezone.now() > x.lease_expires_at + timedelta(seconds=0.2), timeout=5)
+    workers.beat("w1", "host", ["t.a"], 1)
+    assert len(exact_claim(cfg)) == 1  # past its deadline the stopped attempt no longer counts
+    assert rescue.free_lingering_slots() == 1  # and taskwatch removes it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dead_workers_stopped_attempt_gives_its_slot_back(redis_client):
+    cfg = limited_cfg("t.a", 1)
+    add_tasks("t.a", 2)
+    workers.beat("w1", "host", ["t.a"], 1)
+    slots = Limiter()
+    [x] = claim_with(slots, cfg, 1)
+    operations.terminate([x.id], by="op")
+    assert held(redis_client, "t.a") == {holder(x)}
+    WorkerProcess.objects.filter(worker_id="w1").update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert rescue.free_lingering_slots() == 1
+    assert held(redis_client, "t.a") == set()
+    assert len(claim_with(slots, cfg, 1)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_attempt_keeps_its_redis_slot_until_its_handler_returns(redis_client, global_limit):
+    global_limit(5)
+    cfg = limited_cfg("t.a", 1)
+    add_tasks("t.a", 2)
+    slots = Limiter()
+    [x] = claim_with(slots, cfg, 1)
+    operations.terminate([x.id], by="op")
+    assert held(redis_client, "t.a") == held(redis_client, GLOBAL) == {holder(x)}
+    assert claim_with(slots, cfg, 1) == []
+    assert reconcile_counters() == {"t.a": 1, GLOBAL: 1}  # taskwatch's reconcile keeps it
+    redis_client.delete(slots_key("t.a"))  # Redis forgot: the rebuild holds it again
+    assert claim_with(slots, cfg, 1) == [] and held(redis_client, "t.a") == {holder(x)}
+    finish_attempts([Report(x, Outcome.LOST)], limiter=slots)  # the handler returned (LeaseLost)
+    assert held(redis_client, "t.a") == held(redis_client, GLOBAL) == set()
+    assert len(claim_with(slots, cfg, 1)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_remote_workers_stopped_attempt_keeps_its_slot_until_its_deadline():
+    from taskflow.engine import remote
+
+    limited_cfg("t.a", 1)
+    taskflow.enqueue("t.a", {}, timeout=1)
+    add_tasks("t.a", 1)
+    worker = "host-r:0:remote"
+    [x] = remote.hold(["t.a"], 1, worker)
+    operations.terminate([x.id], by="op")
+    assert remote.hold(["t.a"], 1, worker) == []  # its handler may still run, out of our sight
+    wait_until(lambda: timezone.now() > x.lease_expires_at + timedelta(seconds=0.2), timeout=5)
+    remote.beat(worker)
+    assert rescue.free_lingering_slots() == 1  # taskwatch, at the deadline
+    assert len(remote.hold(["t.a"], 1, worker)) == 1

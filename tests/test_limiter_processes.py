@@ -15,16 +15,17 @@ from pathlib import Path
 import pytest
 from django.db import connection
 from django.db.models import Count
+from django.utils import timezone
 
 import taskflow
-from taskflow.engine import finishing
+from taskflow.engine import finishing, operations
 from taskflow.engine.configs import configs
 from taskflow.engine.limiter import GLOBAL, held_slots, reconcile_counters, slots_key
 from taskflow.engine.redis import get_redis
 from taskflow.models import ScheduleCfg, Status, Task
 from taskflow.runtime import worker as worker_module
 
-from .conftest import wait_until
+from .conftest import read_runs, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -362,3 +363,32 @@ def test_limit_holds_while_claims_and_reports_are_in_flight(
     # Every slot came back (the set may be gone after the last flush), and nothing is left to correct.
     wait_until(lambda: worker.in_flight == worker.unreported == 0 and held_slots("test.sleep") in (0, None))
     assert reconcile_counters() == {"test.sleep": 0}
+
+
+# -- an operator stops a running task ----------------------------------------------------------------
+
+
+def test_a_stopped_tasks_handler_keeps_its_slot_until_it_returns(spawn, run_log, limiter_mode):
+    """concurrency_limit=1: stopping a running task must not let a second handler start beside it."""
+    task_type = "test.uses_db"  # logs start and end around a sleep; never looks at ctx.stop_requested
+    set_limit(task_type, 1)
+    x = taskflow.enqueue(task_type, {"sleep": 3}).pk
+    y = taskflow.enqueue(task_type, {"sleep": 0}, run_after=0.3).pk
+    worker = spawn("taskworker", "--types", task_type, "--concurrency", "4", env=limiter_mode)
+
+    def logged(task_id: int, what: str) -> float | None:
+        times = [float(r[4]) for r in read_runs(run_log) if r[0] == str(task_id) and r[2] == what]
+        return times[0] if times else None
+
+    wait_until(lambda: logged(x, "start"), timeout=30)
+    wait_until(lambda: Task.objects.get(pk=y).run_after < timezone.now())  # y is due; the limit holds it
+    assert operations.terminate([x], by="op", reason="test").changed == 1
+    wait_until(lambda: Task.objects.get(pk=y).status == Status.SUCCESS and logged(x, "end"), timeout=30)
+    x_end, y_start = logged(x, "end"), logged(y, "start")
+    assert x_end is not None and y_start is not None
+    assert y_start >= x_end, f"y started {x_end - y_start:.2f}s before the stopped handler returned"
+    assert Task.objects.get(pk=x).status == Status.STOPPED
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0
+    if not limiter_mode:
+        assert held_slots(task_type) == 0

@@ -4,15 +4,22 @@ with its Django queue appended after a colon unless the queue is "default".
 So `shop.tasks.send_receipt` has a ScheduleCfg row, limits and a console filter like any other
 type, and a worker chooses queues by choosing types. Functions are known once the module defining
 them is imported (taskflow imports every installed app's `tasks` module at start-up).
+
+Whoever ends a django.tasks task (the worker's report, taskwatch's rescue or pending timeout, an
+operator, a remote worker's report) calls `announce_finished` with it, once, where its final
+status is written; the backend sends Django's `task_finished` once that commits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 
+from django.db import transaction
+
 from ..exceptions import InvalidTask
-from ..models import ScheduleCfg, Task
+from ..models import ScheduleCfg, Status, Task
 from . import rolling, sql
 from .enqueueing import EXISTING, enqueue
 from .validation import MAX_INT, TASK_TYPE_RE, validate_key, validate_non_negative_int
@@ -23,6 +30,12 @@ DEFAULT_QUEUE = "default"  # django.tasks.DEFAULT_TASK_QUEUE_NAME
 QUEUE_SEPARATOR = ":"  # never in a module path
 
 _module_paths: set[str] = set()
+
+log = logging.getLogger("taskflow.djangotasks")
+
+FINISHED = (Status.SUCCESS, Status.FAILED, Status.STOPPED)
+# Told of django.tasks tasks that ended, with their rows, after the commit (the backend, once imported).
+_finished_listeners: list[Callable[[list[Task]], None]] = []
 
 
 def task_type_for(module_path: str, queue_name: str) -> str:
@@ -98,3 +111,30 @@ def worker_task_types(module_paths: Iterable[str], queues: Iterable[str]) -> lis
         names = wanted or [DEFAULT_QUEUE, *sorted(seen[path])]
         types += [task_type_for(path, name) for name in names]
     return types
+
+
+def on_finished(listener: Callable[[list[Task]], None]) -> None:
+    """Have `listener` told of django.tasks tasks that ended (their rows), after each ending commits."""
+    if listener not in _finished_listeners:
+        _finished_listeners.append(listener)
+
+
+def announce_finished(tasks: Iterable[tuple[int, str]]) -> None:
+    """These tasks ((id, task type)) were just ended by the caller: announce the django.tasks ones once it commits.
+
+    Call it exactly where a final status is written, for the rows that write changed, so each
+    ending is announced once whoever ends the task.
+    """
+    ids = [task_id for task_id, task_type in tasks if is_django_task(task_type)]
+    if ids and _finished_listeners:
+        transaction.on_commit(lambda: _announce(ids))
+
+
+def _announce(ids: list[int]) -> None:
+    try:
+        rows = list(Task.objects.filter(id__in=ids, status__in=FINISHED))  # just ended: still in the hot table
+        for listener in _finished_listeners:
+            listener(rows)
+    except Exception:
+        # After the commit: the ending stands, whatever a receiver does.
+        log.exception("could not announce the end of django.tasks task(s) %s", ids[:10])

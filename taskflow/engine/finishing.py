@@ -3,7 +3,10 @@
 The worker's reports, taskwatch's rescues, operator actions and the HTTP API all end attempts
 through `finish_attempts`: it decides each row's changes with the state machine, writes them with
 guarded UPDATEs, gives each accepted attempt's limiter slot back exactly once, wakes workers
-for work it made due, and releases the tasks waiting for the tasks it finished (dependencies.py).
+for work it made due, releases the tasks waiting for the tasks it finished (dependencies.py) and
+announces the django.tasks ones (task_finished, djangotasks.py). A limit holds at every moment:
+an attempt stopped by an operator while its handler runs keeps its slot until that handler's
+report comes back (refused) or its deadline passes (limiter.py: lingering attempts).
 
 One report must never hold back the others. Statements are bounded by rows and by bytes (MySQL
 refuses a packet over max_allowed_packet, 16 MiB by default). A write that fails while the
@@ -30,7 +33,8 @@ from django.db import DatabaseError, DataError, IntegrityError, connection, tran
 from django.utils import timezone
 
 from ..models import ScheduleCfg, Status
-from . import dependencies, sql, tasklog, wakeup
+from . import dependencies, djangotasks, sql, tasklog, wakeup
+from . import limiter as limiter_module
 from .attempts import Outcome, Report
 from .configs import configs
 from .limiter import Limiter
@@ -48,6 +52,8 @@ ROW_BYTES = 2048  # what a row's bounded columns (schedule log, timestamps, ids)
 REFUSAL_TRIES = 3
 
 Row = tuple[Report, dict[str, Any]]  # a report and the columns it writes
+# Ends of attempts decided by others than the worker running them (operators, taskwatch).
+_NOT_FROM_HANDLERS = frozenset({Outcome.TERMINATED, Outcome.RESCUED})
 
 
 def finish_attempts(
@@ -70,9 +76,33 @@ def finish_attempts(
     for report in reports:
         if report.outcome != Outcome.LOST:
             unique.setdefault((report.task.id, report.task.lease_token), report)
-    if not unique:
-        return []
     live = list(unique.values())
+    accepted = _finish(live, cfgs, limiter, guard, now) if live else []
+    # The others' attempts were taken away. One an operator stopped while it ran kept its slot
+    # until now, when its handler has returned (limiter.py: lingering attempts). Not when the
+    # report was someone else's (a second stop, a rescue, racing the first): the handler runs on.
+    returned = [r.task for r in reports if r.written is None and r.outcome not in _NOT_FROM_HANDLERS]
+    handlers_returned([(task.id, task.lease_token) for task in returned], limiter)
+    return accepted
+
+
+def handlers_returned(attempts: list[tuple[int, int]], limiter: Limiter | None = None) -> None:
+    """The handlers of these attempts ((task id, lease token)) returned with their task already ended elsewhere.
+
+    Gives back the slot of each that was lingering (stopped while it ran), exactly once; the others'
+    slots were given back by whoever ended their task.
+    """
+    if not attempts:
+        return
+    ended = limiter_module.end_lingering(attempts)
+    if ended:
+        limiter = limiter or Limiter()
+        transaction.on_commit(lambda: limiter.release(ended))
+
+
+def _finish(
+    live: list[Report], cfgs: dict[str, ScheduleCfg] | None, limiter: Limiter | None, guard: sql.Guard, now: datetime
+) -> list[Report]:
     cfgs = cfgs if cfgs is not None else configs.get_many({r.task.task_type for r in live})
     rows = [(report, _changes(report, cfgs[report.task.task_type], now)) for report in live]
     accepted: list[Report] = []
@@ -80,11 +110,12 @@ def finish_attempts(
         _write_isolating(sql.task_table(), rows, cfgs, guard, now, accepted)
     finally:
         # Also when an outage stopped the rest: what was written keeps its slots and wake-ups right.
-        _give_slots_back(accepted, cfgs, limiter)
-        # Tasks that reached their final status release the tasks waiting for them, once committed.
-        dependencies.release_on_commit(
-            r.task.id for r in accepted if r.written and r.written.get("status") in dependencies.FINISHED
-        )
+        _give_slots_back(accepted, cfgs, limiter, now)
+        # Tasks that reached their final status release the tasks waiting for them, once committed;
+        # django.tasks ones are announced (task_finished), once, whoever ended them.
+        ended = [r.task for r in accepted if r.written and r.written.get("status") in dependencies.FINISHED]
+        dependencies.release_on_commit(task.id for task in ended)
+        djangotasks.announce_finished((task.id, task.task_type) for task in ended)
         # Requeued work that is due now (retries without delay, next stages, hand-backs): look at once.
         due = {r.task.task_type for r in accepted if _due_now(r.written, now)}
         if due:
@@ -184,8 +215,10 @@ def _write(table: str, rows: list[Row], guard: sql.Guard, now: datetime) -> list
     accepted: list[Row] = []
     # All statements or none, so a retried flush never mistakes its own earlier writes for stale
     # reports; a single UPDATE is atomic by itself and skips the transaction's round trips. Inside
-    # the caller's transaction a savepoint keeps a refused statement from spoiling it.
-    atomic = len(statements) > 1 or connection.in_atomic_block
+    # the caller's transaction a savepoint keeps a refused statement from spoiling it. A stop of a
+    # running attempt records, with it, that the attempt keeps its slot while its handler runs on.
+    stops = any(report.outcome == Outcome.TERMINATED for report, _ in rows)
+    atomic = len(statements) > 1 or connection.in_atomic_block or stops
     with transaction.atomic() if atomic else nullcontext():
         for chunk in statements:
             token = chunk[0][0].task.lease_token
@@ -198,6 +231,8 @@ def _write(table: str, rows: list[Row], guard: sql.Guard, now: datetime) -> list
                 written_token = chunk[0][1].get("lease_token", token)
                 mine = sql.ids_written_at(table, by_id, written_token, now)
                 accepted.extend(row for tid, row in by_id.items() if tid in mine)
+        if stops:
+            limiter_module.keep_lingering([r.task for r, _ in accepted if r.outcome == Outcome.TERMINATED], now)
     return accepted
 
 
@@ -246,14 +281,18 @@ def _database_answers() -> bool:
     return connection.is_usable()
 
 
-def _give_slots_back(accepted: list[Report], cfgs: dict[str, ScheduleCfg], limiter: Limiter | None) -> None:
+def _give_slots_back(
+    accepted: list[Report], cfgs: dict[str, ScheduleCfg], limiter: Limiter | None, now: datetime
+) -> None:
     # Only for attempts whose final update we made: a refused report's slot was given back by
-    # whoever took the attempt away. Slots are named by attempt, so giving one back twice is
-    # harmless; and only once the update is committed, or a claim could start before it lands.
-    if not accepted:
+    # whoever took the attempt away (or, for a stopped attempt, by handlers_returned). Slots are
+    # named by attempt, so giving one back twice is harmless; and only once the update is
+    # committed, or a claim could start before it lands. A stopped attempt whose handler still
+    # runs keeps its slot (it lingers) until that handler returns or its deadline passes.
+    attempts = [r.task for r in accepted if not (r.outcome == Outcome.TERMINATED and r.task.lease_expires_at > now)]
+    if not attempts:
         return
     limiter = limiter or Limiter()
-    attempts = [report.task for report in accepted]
     limits = {task_type: cfg.concurrency_limit for task_type, cfg in cfgs.items()}
     transaction.on_commit(lambda: limiter.release(attempts, limits))
 

@@ -21,6 +21,14 @@ restart never forgets running tasks.
 Without Redis, `exact_room()` runs inside the claim's transaction: it locks the type's ScheduleCfg
 row (or, with a global limit, one gate row shared by every claim) and counts processing rows, so
 concurrent claimers can never together exceed a limit.
+
+A limit holds at every moment, also when an operator stops a task whose handler still runs
+(a thread cannot be killed; a remote handler finishes its step): such an attempt *lingers*. It
+keeps its slot until its handler returns (its report, refused, ends it) or its attempt's deadline
+passes (taskwatch frees it; a dead worker's too), whichever is first. A lingering attempt is a
+`Lock` row named for it (`keep_lingering`), written in the transaction that stops its task; exact
+counts add these rows, Redis keeps the attempt's member until they go, and rebuilds and
+`reconcile_counters` read them as they read processing rows.
 """
 
 from __future__ import annotations
@@ -37,9 +45,11 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from django.db import transaction
+from django.db.models import Q
 
 from ..conf import get_settings
-from ..models import Lock, ScheduleCfg, Status, Task
+from ..models import Lock, ScheduleCfg, Status, Task, WorkerProcess
+from . import sql, workers
 from .configs import configs
 from .redis import RedisError, get_redis, key
 
@@ -355,14 +365,20 @@ def _counters(task_type: str, limit: int) -> list[_Counter]:
 
 
 def _processing_attempts(names: list[str]) -> dict[str, list[str]]:
-    """The processing attempts (as slot members) of each task type in `names` (GLOBAL: of all types)."""
+    """The attempts holding slots (as slot members) of each task type in `names` (GLOBAL: of all types).
+
+    Processing attempts and lingering ones, read in that order: a stop committing in between is
+    then seen twice (one member), never missed.
+    """
     processing = Task.objects.filter(status=Status.PROCESSING)
     types = [n for n in names if n != GLOBAL]
     if GLOBAL not in names:
         processing = processing.filter(task_type__in=types)
     attempts: dict[str, list[str]] = {n: [] for n in names}
     wanted = set(types)
-    for task_id, token, task_type in processing.values_list("id", "lease_token", "task_type"):
+    holders = list(processing.values_list("id", "lease_token", "task_type"))
+    holders += [(a.id, a.lease_token, a.task_type) for a in lingering_attempts()]
+    for task_id, token, task_type in dict.fromkeys(holders):
         member = f"{task_id}:{token}"
         if task_type in wanted:
             attempts[task_type].append(member)
@@ -449,14 +465,19 @@ def exact_room(task_type: str, wanted: int, type_limit: int, global_limit: int) 
     same free slots (on SQLite the IMMEDIATE transaction already serialises every writer).
     """
     processing = Task.objects.filter(status=Status.PROCESSING)
+    # Processing rows are counted before lingering attempts: a stop committing in between is then
+    # counted twice (too few claims for a moment), never missed.
     if global_limit > 0:
         # One row for every claim of every type: the global count stays true until we commit.
         _lock_gate()
-        wanted = min(wanted, global_limit - processing.count())
+        running = processing.count()
+        wanted = min(wanted, global_limit - running - len(lingering_attempts()))
     else:
         list(ScheduleCfg.objects.select_for_update().filter(pk=task_type).values_list("pk"))
     if type_limit > 0 and wanted > 0:
-        wanted = min(wanted, type_limit - processing.filter(task_type=task_type).count())
+        running = processing.filter(task_type=task_type).count()
+        lingering = sum(1 for a in lingering_attempts() if a.task_type == task_type)
+        wanted = min(wanted, type_limit - running - lingering)
     return max(0, wanted)
 
 
@@ -475,3 +496,98 @@ def _lock_gate() -> None:
     # this claim fail (a deadlock, retried by the worker), but never lets two claims count at once.
     with transaction.atomic():
         Lock.objects.create(name=GATE, owner="taskflow.limiter", expires_at=_GATE_EXPIRES)
+
+
+# -- attempts that outlive their task ------------------------------------------------------------------
+
+LINGERING = "taskflow:lingering:"  # + "<task id>:<lease token>:<task type>"; the Lock's owner is the worker
+
+
+@dataclass(frozen=True)
+class Lingering:
+    """An attempt whose task was stopped while its handler runs on: it holds its slot until it ends."""
+
+    task_type: str
+    id: int
+    lease_token: int
+
+
+class RunningAttempt(Attempt, Protocol):
+    worker_id: str
+    lease_expires_at: datetime
+
+
+def _lingering_name(attempt: Attempt) -> str:
+    return f"{LINGERING}{attempt.id}:{attempt.lease_token}:{attempt.task_type}"
+
+
+def _parse_lingering(name: str) -> Lingering:
+    task_id, token, task_type = name.removeprefix(LINGERING).split(":", 2)
+    return Lingering(task_type, int(task_id), int(token))
+
+
+def keep_lingering(attempts: Iterable[RunningAttempt], now: datetime) -> list[RunningAttempt]:
+    """Record these running attempts, whose tasks are being stopped, as holding their slots; returns those kept.
+
+    Call it in the transaction that ends their tasks, so no claim ever sees the task ended and the
+    slot free. An attempt already past its deadline is not kept (its slot is free now).
+    """
+    kept = [a for a in attempts if a.lease_expires_at > now]
+    if kept:
+        Lock.objects.bulk_create(
+            [Lock(name=_lingering_name(a), owner=a.worker_id[:200], expires_at=a.lease_expires_at) for a in kept],
+            ignore_conflicts=True,  # stopped twice: one row
+        )
+    return kept
+
+
+def end_lingering(attempts: Iterable[tuple[int, int]]) -> list[Lingering]:
+    """The handlers of these attempts ((task id, lease token)) returned: delete their rows; returns those deleted.
+
+    Their slots are to be given back (Limiter.release) once this commits. An attempt that was not
+    lingering (it ended its task itself, or was rescued) is not among them.
+    """
+    pairs = set(attempts)
+    if not pairs:
+        return []
+    found = []
+    for chunk in itertools.batched(sorted(pairs), 100):
+        which = Q()
+        for task_id, token in chunk:
+            which |= Q(name__startswith=f"{LINGERING}{task_id}:{token}:")
+        found += list(Lock.objects.filter(which).values_list("name", flat=True))
+    return _delete_lingering(found)
+
+
+def lingering_attempts() -> list[Lingering]:
+    """The lingering attempts whose deadline has not passed (by the database's clock)."""
+    names = Lock.objects.filter(name__startswith=LINGERING, expires_at__gt=sql.database_now())
+    return [_parse_lingering(name) for name in names.values_list("name", flat=True)]
+
+
+def end_lapsed_lingering() -> list[Lingering]:
+    """Delete lingering attempts past their deadline or of dead workers (taskwatch); returns those deleted.
+
+    Both judged by the database's clock, as rescues are.
+    """
+    owners = dict(Lock.objects.filter(name__startswith=LINGERING).values_list("name", "owner"))
+    if not owners:
+        return []
+    lapsed = set(
+        Lock.objects.filter(name__in=list(owners), expires_at__lte=sql.database_now()).values_list("name", flat=True)
+    )
+    alive = set(
+        WorkerProcess.objects.filter(
+            worker_id__in=set(owners.values()), heartbeat_at__gte=workers.liveness_cutoff()
+        ).values_list("worker_id", flat=True)
+    )
+    return _delete_lingering([name for name, owner in owners.items() if name in lapsed or owner not in alive])
+
+
+def _delete_lingering(names: list[str]) -> list[Lingering]:
+    deleted = []
+    for name in names:
+        # One by one, so only the deleter of a row gives its slot back (a report and taskwatch may race).
+        if Lock.objects.filter(name=name).delete()[0]:
+            deleted.append(_parse_lingering(name))
+    return deleted

@@ -3,7 +3,8 @@
 On PostgreSQL and MySQL a node is a row of `IdNode`, taken by a guarded UPDATE and judged by the
 database's clock, so neither a Redis that loses its keys nor a host whose clock is wrong can hand
 a node to two processes. On SQLite (one host, one writer: a row lease would wait on the caller's own
-write lock) a node is an OS file lock beside the database file, which the kernel frees when its
+write lock) a node is an OS file lock in a folder beside the database file (`id-nodes/<its file name>`:
+one per database, so two databases side by side never share nodes), which the kernel frees when its
 process dies. Either store records how far its holder may mint (`mint_limit`, Unix ms) before the
 holder passes it, and the next holder of the node mints only above it (see ids.py).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 import random
+import re
 import socket
 import time
 from dataclasses import replace
@@ -165,10 +167,19 @@ class FileNodes:
         os.close(lease.token)  # type: ignore[arg-type]
 
 
-def _node_folder() -> Path:
-    name = str(connection.settings_dict["NAME"])
-    home = Path(name).resolve().parent if not name.startswith(("file:", ":memory:")) else Path(gettempdir())
-    return home / "id-nodes"
+def _node_folder(database: str | None = None) -> Path:
+    """Where the node locks of a SQLite database live (`database`: its NAME; default: this connection's).
+
+    One folder per database file: ids only need to be unique within a database, and two databases
+    side by side (the example project's and the test suite's, both under var/) must not take
+    each other's nodes.
+    """
+    name = str(connection.settings_dict["NAME"] if database is None else database)
+    if name.startswith(("file:", ":memory:")):
+        # In-memory databases live and die with their process: one folder per name is enough.
+        return Path(gettempdir()) / "id-nodes" / re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:100]
+    path = Path(name).resolve()
+    return path.parent / "id-nodes" / path.name
 
 
 def _read_limit(fd: int) -> int:

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask, TaskStopped, class_path
 from ..models import ScheduleCfg, Status, Task, TaskEvent, TaskKey
-from . import dependencies, rolling, sql, wakeup
+from . import dependencies, djangotasks, rolling, sql, wakeup
 from .attempts import ClaimedTask, Outcome, Report
 from .configs import configs
 from .finishing import finish_attempts
@@ -71,7 +71,8 @@ def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
     """Stop tasks: pending and waiting ones at once; running ones too, fencing their attempt (its writes are refused).
 
     A running handler is told through `ctx.stop_requested`, and its next heartbeat or checkpoint
-    raises LeaseLost; its concurrency slot is given back at once. Finished tasks are skipped.
+    raises LeaseLost; its concurrency slot is given back when it returns or its attempt's deadline
+    passes, whichever is first (limiter.py: lingering attempts). Finished tasks are skipped.
     Tasks waiting for a stopped task are stopped too (dependencies.py), down the graph.
     """
 
@@ -386,6 +387,9 @@ def _apply_batch(
         # Tasks stopped here release the tasks waiting for them (those ended through
         # finish_attempts are released by it).
         dependencies.release_on_commit(i for i in written if writes[i].get("status") == Status.STOPPED)
+        djangotasks.announce_finished(
+            (i, by_id[i]["task_type"]) for i in written if writes[i].get("status") == Status.STOPPED
+        )
         for task_id in written:
             change, row = writes[task_id], by_id[task_id]
             pending = change.get("status", row["status"]) == Status.PENDING

@@ -8,6 +8,8 @@ task too. Both are judged by the database's clock, and checked again by the resc
 (a worker that beat, or a handler that heartbeated, since the rows were read keeps its task).
 A rescue ends the attempt as a failed one through `finish_attempts` (retried or failed by the
 same rules as any failed attempt), with a new fencing token, and gives its limiter slot back.
+The same two clocks free the slot of an attempt whose task an operator stopped while its handler
+ran on (a lingering attempt, limiter.py), if the handler has not returned first.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from django.utils import timezone
 from ..conf import get_settings
 from ..exceptions import AttemptTimedOut, WorkerLost, class_path
 from ..models import Status, Task, WorkerProcess
-from . import sql, workers
+from . import limiter, sql, workers
 from .attempts import ClaimedTask, Outcome, Report
 from .configs import configs
 from .finishing import finish_attempts
@@ -98,6 +100,15 @@ def rescue_expired_attempts(now: datetime | None = None, keep_going: KeepGoing =
             outcomes[Status.FAILED],
         )
     return total
+
+
+def free_lingering_slots(now: datetime | None = None, keep_going: KeepGoing = _always) -> int:
+    """Give back the slots of stopped attempts past their deadline or of dead workers; returns how many."""
+    ended = limiter.end_lapsed_lingering()
+    if ended:
+        limiter.Limiter().release(ended)
+        log.info("freed the concurrency slots of %d stopped attempt(s) past their deadline or worker", len(ended))
+    return len(ended)
 
 
 def _rescue(

@@ -1,9 +1,9 @@
 """Running `django.tasks` functions in the worker: one handler serving every django task type.
 
 The handler turns an attempt into what Django's own backends do around a task: the TaskResult and
-TaskContext the function sees, the `task_started` / `task_finished` signals (sender: the backend's
-class), and Django's failure semantics. Everything else (retries, timeouts, limits, reporting) is
-the worker's as for any handler.
+TaskContext the function sees, the `task_started` signal (sender: the backend's class; the engine
+sends `task_finished` where the task's end is written), and Django's failure semantics. Everything
+else (retries, timeouts, limits, reporting) is the worker's as for any handler.
 """
 
 from __future__ import annotations
@@ -13,19 +13,21 @@ from typing import Any
 
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from django.tasks.base import TaskContext as DjangoTaskContext
-from django.tasks.base import TaskError, TaskResult, TaskResultStatus
 from django.tasks.exceptions import InvalidTaskBackend
-from django.tasks.signals import task_finished, task_started
-from django.utils import timezone
+from django.tasks.signals import task_started
 from django.utils.json import normalize_json
 
 from ..engine import djangotasks, registry
-from ..exceptions import InvalidResult, class_path
+from ..exceptions import InvalidResult
 from .context import TaskContext
 
 
 def run_django_task(ctx: TaskContext) -> Any:
-    """The handler of every django.tasks task type: call the function as Django's backends would."""
+    """The handler of every django.tasks task type: call the function as Django's backends would.
+
+    `task_finished` is not sent here: it goes out where the task's end is written, once that
+    commits (the backend's send_task_finished), so it is sent once whoever ends the task.
+    """
     backend = _backend(ctx.payload)
     # The stored task as a result (RUNNING, this attempt's worker last): what signals and the
     # function's context see, as a get_result() would show it now.
@@ -35,29 +37,14 @@ def run_django_task(ctx: TaskContext) -> Any:
     result = backend.task_result(row)
     task = result.task
     task_started.send(type(backend), task_result=result)
+    if task.takes_context:
+        value = task.call(DjangoTaskContext(task_result=result), *result.args, **result.kwargs)
+    else:
+        value = task.call(*result.args, **result.kwargs)
     try:
-        if task.takes_context:
-            value = task.call(DjangoTaskContext(task_result=result), *result.args, **result.kwargs)
-        else:
-            value = task.call(*result.args, **result.kwargs)
-        try:
-            value = normalize_json(value)
-        except (TypeError, ValueError) as exc:
-            raise InvalidResult(f"the return value of {task.module_path} is not JSON: {exc}") from exc
-    except KeyboardInterrupt:
-        raise  # as Django's backends do: no task_finished; the worker stops
-    except BaseException as exc:
-        # The attempt fails; the task ends if no retry is left (InvalidResult fails it at once).
-        if isinstance(exc, InvalidResult) or ctx.attempt > ctx.max_retries:
-            ended = _ended(result, TaskResultStatus.FAILED)
-            ended.errors.append(TaskError(exception_class_path=class_path(exc), traceback=_traceback(exc)))
-            # Sent inside the exception handler, so Django's logging of it includes the traceback.
-            task_finished.send(type(backend), task_result=ended)
-        raise
-    ended = _ended(result, TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(ended, "_return_value", value)
-    task_finished.send(type(backend), task_result=ended)
-    return value
+        return normalize_json(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidResult(f"the return value of {task.module_path} is not JSON: {exc}") from exc
 
 
 def select_task_types(types: Iterable[str], queues: Iterable[str]) -> list[str]:
@@ -114,27 +101,3 @@ def _backend(payload: Any) -> Any:
     if not isinstance(backend, TaskflowBackend):
         raise TypeError(f"TASKS[{alias!r}] is not a taskflow.backends.TaskflowBackend")
     return backend
-
-
-def _ended(result: TaskResult, status: TaskResultStatus) -> TaskResult:
-    ended = TaskResult(
-        task=result.task,
-        id=result.id,
-        status=status,
-        enqueued_at=result.enqueued_at,
-        started_at=result.started_at,
-        last_attempted_at=result.last_attempted_at,
-        finished_at=timezone.now(),
-        args=result.args,
-        kwargs=result.kwargs,
-        backend=result.backend,
-        errors=list(result.errors),
-        worker_ids=list(result.worker_ids),
-    )
-    return ended
-
-
-def _traceback(exc: BaseException) -> str:
-    import traceback
-
-    return "".join(traceback.format_exception(exc))

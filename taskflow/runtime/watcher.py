@@ -19,7 +19,7 @@ from ..conf import get_settings
 from ..engine import limiter, periodic
 from ..engine.dependencies import repair_waiting
 from ..engine.expiry import expire_successes, fail_stale_pending, purge_finished
-from ..engine.rescue import rescue_dead_workers, rescue_expired_attempts
+from ..engine.rescue import free_lingering_slots, rescue_dead_workers, rescue_expired_attempts
 from ..engine.rolling import roll_when_due
 from ..engine.stats import refresh as refresh_stats
 from ..engine.workers import reap_dead_worker_rows
@@ -37,6 +37,7 @@ DUTIES: tuple[tuple[str, Duty], ...] = (
     ("fire_periodic_tasks", periodic.fire_periodic_tasks),
     ("rescue_dead_workers", rescue_dead_workers),
     ("rescue_expired_attempts", rescue_expired_attempts),
+    ("free_lingering_slots", free_lingering_slots),
     ("repair_waiting", repair_waiting),
     ("fail_stale_pending", fail_stale_pending),
     ("expire_successes", expire_successes),

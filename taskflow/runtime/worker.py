@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.db import DatabaseError, DataError, IntegrityError, close_old_connections
 from django.utils import timezone
@@ -75,7 +75,10 @@ class Worker:
         grace: float | None = None,
         worker_id: str | None = None,
         max_stuck: int | None = None,
+        select_types: Callable[[], list[str]] | None = None,
     ) -> None:
+        """`select_types`: how the task types were chosen, asked again every CONFIG_REFRESH for new ones
+        (a django.tasks queue first used after the worker started, say)."""
         types = list(task_types) if task_types else registry.registered_types()
         for task_type in types:
             registry.get_handler(task_type)  # fail fast on a type nobody handles
@@ -84,6 +87,8 @@ class Worker:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.task_types = types
+        self._select_types = select_types
+        self._next_selection = 0.0
         self.concurrency = concurrency
         self.burst = burst
         self.grace = get_settings().SHUTDOWN_GRACE if grace is None else grace
@@ -205,6 +210,7 @@ class Worker:
     def _claim_step(self) -> bool:
         """One claim round, then wait until the next is due; False when a burst worker is done."""
         self._release_stuck()
+        self._add_new_types()
         # Sampled before the round: a report flushed during it may have requeued work.
         idle = self.in_flight == 0 and self.unreported == 0
         connections.drop_unusable()
@@ -216,6 +222,20 @@ class Worker:
             self._wake.wait(timeout)
         self._wake.clear()
         return True
+
+    def _add_new_types(self) -> None:
+        """Serve the task types the worker's selection names now and did not before (e.g. a new queue)."""
+        if self._select_types is None or time.monotonic() < self._next_selection:
+            return
+        self._next_selection = time.monotonic() + get_settings().CONFIG_REFRESH
+        new = [t for t in self._select_types() if t not in self.task_types]
+        if new:
+            for task_type in new:
+                registry.get_handler(task_type)  # the selection registered it; fail here if not
+            # A new list, not an append: other threads read the old one meanwhile.
+            self.task_types = [*self.task_types, *new]
+            self._liveness.task_types = self.task_types
+            log.info("worker %s now also serves %s", self.worker_id, ",".join(new))
 
     def _claim_round(self) -> tuple[bool, float]:
         """Claim for every type that is due; returns (claimed anything, when next to look)."""

@@ -48,6 +48,8 @@ class Command(BaseCommand):
                 concurrency=options["concurrency"],
                 burst=options["burst"],
                 grace=options["grace"],
+                # Asked again as it runs: a queue first used later (QUEUES: []) is served within moments.
+                select_types=lambda: select_task_types(types, queues),
             )
         except (UnknownTaskType, ValueError) as exc:  # InvalidTask too: a queue name no task type can hold
             raise CommandError(str(exc)) from None
