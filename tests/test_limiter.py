@@ -582,3 +582,19 @@ def test_a_remote_workers_stopped_attempt_keeps_its_slot_until_its_deadline():
     remote.beat(worker)
     assert rescue.free_lingering_slots() == 1  # taskwatch, at the deadline
     assert len(remote.hold(["t.a"], 1, worker)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_remote_workers_stopped_attempt_gives_its_slot_back_when_its_holder_reports():
+    from taskflow.engine import remote
+
+    limited_cfg("t.a", 1)
+    taskflow.enqueue("t.a", {}, timeout=60)
+    add_tasks("t.a", 1)
+    worker = "host-r:0:remote"
+    [x] = remote.hold(["t.a"], 1, worker)
+    operations.terminate([x.id], by="op")
+    assert remote.hold(["t.a"], 1, worker) == []  # its handler still runs
+    held = remote.Held(x.id, x.lease_token, remote.attempt_key(x.id, x.lease_token, worker))
+    assert remote.finish(worker, [remote.RemoteReport(held, Outcome.SUCCESS)]) == [remote.Refused.LEASE_LOST]
+    assert len(remote.hold(["t.a"], 1, worker)) == 1  # the handler returned: its slot is free at once

@@ -35,7 +35,7 @@ from . import sql, workers
 from .attempts import ClaimedTask, Outcome, Report, heartbeat
 from .claiming import claim_batch
 from .configs import configs
-from .finishing import finish_attempts
+from .finishing import finish_attempts, handlers_returned
 from .limiter import Limiter
 from .transitions import worker_host
 from .validation import json_text, validate_task_type
@@ -245,6 +245,10 @@ def finish(worker_id: str, reports: Sequence[RemoteReport]) -> list[Refused | No
     _register(worker_id)
     built = [a if isinstance(a, Refused) else _report(a, r) for a, r in zip(attempts, reports, strict=True)]
     accepted = {id(r) for r in finish_attempts([r for r in built if isinstance(r, Report)], now=now)}
+    # An attempt its proven holder reports after it was taken away: if an operator stopped it while
+    # it ran, its limit slot was kept for the handler, which has now returned (limiter.py).
+    returned = [r.held for r, a in zip(reports, built, strict=True) if a is Refused.LEASE_LOST]
+    handlers_returned([(h.task_id, h.lease) for h in returned])
     return [r if isinstance(r, Refused) else (None if id(r) in accepted else Refused.LEASE_LOST) for r in built]
 
 
