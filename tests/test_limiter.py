@@ -598,3 +598,21 @@ def test_a_remote_workers_stopped_attempt_gives_its_slot_back_when_its_holder_re
     held = remote.Held(x.id, x.lease_token, remote.attempt_key(x.id, x.lease_token, worker))
     assert remote.finish(worker, [remote.RemoteReport(held, Outcome.SUCCESS)]) == [remote.Refused.LEASE_LOST]
     assert len(remote.hold(["t.a"], 1, worker)) == 1  # the handler returned: its slot is free at once
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("operation", ["retry_now", "reschedule"])
+def test_a_stopped_task_is_not_run_again_while_its_handler_runs(operation: str):
+    """Retry now (or reschedule) of a task stopped mid-run waits for its handler: else it runs twice at once."""
+    cfg = limited_cfg("t.a", 0)
+    add_tasks("t.a", 1)
+    [x] = claim_batch(cfg, 1, "w1:1:a")
+    operations.terminate([x.id], by="op")
+    run_again = getattr(operations, operation)
+    options = {"run_after": 0} if operation == "reschedule" else {}
+    result = run_again([x.id], by="op", **options)
+    assert (result.changed, result.skipped) == (0, {operations.HANDLER_RUNNING: 1})
+    assert Task.objects.get(pk=x.id).status == Status.STOPPED
+    finish_attempts([Report(x, Outcome.LOST)])  # the handler returned (LeaseLost)
+    assert run_again([x.id], by="op", **options).changed == 1
+    assert Task.objects.get(pk=x.id).status == Status.PENDING

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask, TaskStopped, class_path
 from ..models import ScheduleCfg, Status, Task, TaskEvent, TaskKey
-from . import dependencies, djangotasks, rolling, sql, wakeup
+from . import dependencies, djangotasks, limiter, rolling, sql, wakeup
 from .attempts import ClaimedTask, Outcome, Report
 from .configs import configs
 from .finishing import finish_attempts
@@ -90,11 +90,17 @@ def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
     return _operate("terminate", selection, rule, by=by, reason=reason, dry_run=dry_run)
 
 
+# Why a stopped task is not run again yet: the handler it was stopped in runs on until it returns
+# or its attempt's deadline passes.
+HANDLER_RUNNING = "its stopped handler still running"
+
+
 def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool = False) -> OperationResult:
     """Run tasks now: failed or stopped ones again with a fresh retry budget, delayed pending ones early.
 
     The schedule log is kept. A superseded version (a newer one of its key exists) is not retried,
-    nor a task with a dependency that has not succeeded (retry that first); a task waiting for
+    nor a task with a dependency that has not succeeded (retry that first), nor a task stopped
+    while it ran whose handler has neither returned nor reached its deadline; a task waiting for
     its dependencies keeps waiting (reschedule moves the time it runs once released). A task
     rolled into a history table is moved back into the task table and retried there.
     """
@@ -111,6 +117,8 @@ def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
                 return "superseded"
             if batch.blocked(row):
                 return "dependency not succeeded"
+            if batch.handler_running(row):
+                return HANDLER_RUNNING
             return {**batch.revived(row, "retried"), **batch.due_at(row, batch.now)}
         return "running" if row["status"] == Status.PROCESSING else "succeeded"
 
@@ -135,6 +143,8 @@ def reschedule(
                 return "superseded"
             if batch.blocked(row):
                 return "dependency not succeeded"
+            if batch.handler_running(row):
+                return HANDLER_RUNNING
             return {**batch.revived(row, "rescheduled"), **batch.due_at(row, when)}
         return "running" if row["status"] == Status.PROCESSING else "succeeded"
 
@@ -248,6 +258,14 @@ class _Batch:
         self._blocked = dependencies.revival_blockers(
             [row["id"] for row in rows if row["status"] in (Status.FAILED, Status.STOPPED)]
         )
+        # Stopped while its handler ran, and that handler has neither returned nor reached its
+        # deadline: running the task again now would run it twice at once.
+        stopped = any(row["status"] == Status.STOPPED for row in rows)
+        self._handler_running = {a.id for a in limiter.lingering_attempts()} if stopped else set()
+
+    def handler_running(self, row: dict[str, Any]) -> bool:
+        """Whether this stopped task's last handler may still be running (limiter.py: lingering attempts)."""
+        return row["id"] in self._handler_running
 
     def blocked(self, row: dict[str, Any]) -> bool:
         """Whether a finished task may not run again because a dependency of it has not succeeded."""
