@@ -494,6 +494,31 @@ def test_task_finished_is_sent_when_a_task_waited_past_its_pending_timeout(
     assert fail_stale_pending() == 0 and len(finished_signals) == 1
 
 
+def test_task_finished_is_sent_once_when_a_failed_dependency_stops_a_dependent(
+    transactional_db, finished_signals  # noqa: ANN001
+) -> None:
+    first = djtasks.sleep_for.enqueue(10)  # max_retries=0
+    dependent = djtasks.echo.after(first).enqueue(1)
+    assert row(dependent).status == Status.WAITING
+    (attempt,) = claim(SLEEP_FOR)
+    finish_attempts([Report(attempt, Outcome.ERROR, error="boom")])
+    assert row(dependent).status == Status.STOPPED
+    assert sorted((i, status) for _, i, status, _ in finished_signals) == sorted(
+        [(first.id, TaskResultStatus.FAILED), (dependent.id, TaskResultStatus.FAILED)]
+    )
+
+
+def test_task_finished_is_sent_once_when_a_newer_version_stops_an_older_one(
+    transactional_db, finished_signals  # noqa: ANN001
+) -> None:
+    older = djtasks.echo.with_key("receipt-7", 1).enqueue(1)
+    newer = djtasks.echo.with_key("receipt-7", 2).enqueue(2)
+    assert (row(older).status, row(newer).status) == (Status.STOPPED, Status.PENDING)
+    assert [(i, status) for _, i, status, _ in finished_signals] == [(older.id, TaskResultStatus.FAILED)]
+    djtasks.echo.with_key("receipt-7", 3).enqueue(3)  # stops version 2 only
+    assert [i for _, i, _, _ in finished_signals] == [older.id, newer.id]
+
+
 def test_attempts_beyond_the_schedule_log_still_count() -> None:
     result = djtasks.echo.enqueue()
     TaskRow.objects.filter(pk=int(result.id)).update(attempts=9, status=Status.FAILED, status_msg="gave up")

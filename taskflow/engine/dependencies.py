@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask
 from ..models import Status, Task, TaskDependency
-from . import rolling, sql, wakeup
+from . import endings, rolling, sql, wakeup
 from .configs import configs
 from .transitions import order_time
 from .validation import MAX_BIGINT
@@ -326,7 +326,9 @@ def _decide(
                 outcome=outcome
             )
         wakeup.notify_on_commit({waiting[i] for i in written if writes[i]["status"] == Status.PENDING})
-    return len(written), [i for i in written if writes[i]["status"] == Status.STOPPED]
+        stopped = [i for i in written if writes[i]["status"] == Status.STOPPED]
+        endings.announce_finished((i, waiting[i]) for i in stopped)
+    return len(written), stopped
 
 
 def released_due_time(row: dict[str, Any], aging: float, now: datetime) -> dict[str, Any]:

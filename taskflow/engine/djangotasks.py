@@ -5,9 +5,9 @@ So `shop.tasks.send_receipt` has a ScheduleCfg row, limits and a console filter 
 type, and a worker chooses queues by choosing types. Functions are known once the module defining
 them is imported (taskflow imports every installed app's `tasks` module at start-up).
 
-Whoever ends a django.tasks task (the worker's report, taskwatch's rescue or pending timeout, an
-operator, a remote worker's report) calls `announce_finished` with it, once, where its final
-status is written; the backend sends Django's `task_finished` once that commits.
+Whoever ends a task calls `endings.announce_finished` with it, once, where its final status is
+written; the backend listens for the django.tasks ones (`on_finished`) and sends Django's
+`task_finished` once that commits.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ import logging
 from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 
-from django.db import transaction
-
 from ..exceptions import InvalidTask
-from ..models import ScheduleCfg, Status, Task
-from . import rolling, sql
+from ..models import ScheduleCfg, Task
+from . import endings, rolling, sql
 from .enqueueing import EXISTING, enqueue
 from .validation import MAX_INT, TASK_TYPE_RE, validate_key, validate_non_negative_int
 
@@ -33,9 +31,6 @@ _module_paths: set[str] = set()
 
 log = logging.getLogger("taskflow.djangotasks")
 
-FINISHED = (Status.SUCCESS, Status.FAILED, Status.STOPPED)
-# Told of django.tasks tasks that ended, with their rows, after the commit (the backend, once imported).
-_finished_listeners: list[Callable[[list[Task]], None]] = []
 
 
 def task_type_for(module_path: str, queue_name: str) -> str:
@@ -115,26 +110,4 @@ def worker_task_types(module_paths: Iterable[str], queues: Iterable[str]) -> lis
 
 def on_finished(listener: Callable[[list[Task]], None]) -> None:
     """Have `listener` told of django.tasks tasks that ended (their rows), after each ending commits."""
-    if listener not in _finished_listeners:
-        _finished_listeners.append(listener)
-
-
-def announce_finished(tasks: Iterable[tuple[int, str]]) -> None:
-    """These tasks ((id, task type)) were just ended by the caller: announce the django.tasks ones once it commits.
-
-    Call it exactly where a final status is written, for the rows that write changed, so each
-    ending is announced once whoever ends the task.
-    """
-    ids = [task_id for task_id, task_type in tasks if is_django_task(task_type)]
-    if ids and _finished_listeners:
-        transaction.on_commit(lambda: _announce(ids))
-
-
-def _announce(ids: list[int]) -> None:
-    try:
-        rows = list(Task.objects.filter(id__in=ids, status__in=FINISHED))  # just ended: still in the hot table
-        for listener in _finished_listeners:
-            listener(rows)
-    except Exception:
-        # After the commit: the ending stands, whatever a receiver does.
-        log.exception("could not announce the end of django.tasks task(s) %s", ids[:10])
+    endings.on_finished(listener, wants=is_django_task)

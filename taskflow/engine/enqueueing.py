@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask, StaleVersion
 from ..models import Status, Task
-from . import dependencies, ids, rolling, sql, wakeup
+from . import dependencies, endings, ids, rolling, sql, wakeup
 from .configs import configs
 from .transitions import order_time
 from .validation import (
@@ -172,7 +172,7 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     superseding = [t for t, _ in written if getattr(t, "superseded_older", False)]
     if superseding:
         # After the commit, so the lookup holds no lock of the enqueue's.
-        transaction.on_commit(lambda: dependencies.release_on_commit(_stopped_older_versions(superseding)))
+        transaction.on_commit(lambda: _older_versions_stopped(superseding, now))
     wakeup.notify_on_commit({t.task_type for t, _ in written if t.status == Status.PENDING and t.run_after <= now})
     return results  # type: ignore[return-value]
 
@@ -322,15 +322,23 @@ def _replace(existing: Task, spec: TaskSpec, aging: float, now: datetime) -> Tas
     return task
 
 
-def _stopped_older_versions(tasks: list[Task]) -> list[int]:
-    """Ids of the older versions these tasks' enqueues stopped (their dependents are released next)."""
-    found: list[int] = []
+def _older_versions_stopped(tasks: list[Task], now: datetime) -> None:
+    """The older versions these tasks' enqueues stopped (at `now`): release their dependents, announce their end.
+
+    Older versions that were running stop when their attempt ends, and are announced then.
+    """
+    stopped: list[tuple[int, str]] = []
     for task in tasks:
-        found += Task.objects.filter(
-            task_type=task.task_type,
-            key=task.key,
-            version__lt=task.version,
-            superseded_by=task.version,
-            status=Status.STOPPED,
-        ).values_list("id", flat=True)
-    return found
+        stopped += [
+            (task_id, task.task_type)
+            for task_id in Task.objects.filter(
+                task_type=task.task_type,
+                key=task.key,
+                version__lt=task.version,
+                superseded_by=task.version,
+                status=Status.STOPPED,
+                finished_at=now,  # by this enqueue, not by a running one's report since
+            ).values_list("id", flat=True)
+        ]
+    dependencies.release_on_commit(task_id for task_id, _ in stopped)
+    endings.announce_finished(stopped)

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from ..models import ScheduleCfg, Status, Task, TaskDependency
-from . import dependencies, djangotasks
+from . import dependencies, endings
 
 log = logging.getLogger("taskflow.watch")
 
@@ -47,9 +47,9 @@ def fail_stale_pending(now: datetime | None = None, keep_going: KeepGoing = _alw
             )
             # Their dependents follow (release ignores the ids that changed meanwhile and were not failed).
             dependencies.release_on_commit(ids)
-            if count and djangotasks.is_django_task(cfg.task_type):
+            if count and endings.wanted(cfg.task_type):
                 failed = Task.objects.filter(id__in=ids, status=Status.FAILED, finished_at=now)  # by this UPDATE
-                djangotasks.announce_finished((i, cfg.task_type) for i in failed.values_list("id", flat=True))
+                endings.announce_finished((i, cfg.task_type) for i in failed.values_list("id", flat=True))
             return count
 
         count = _in_batches(stale, fail, keep_going)

@@ -4,7 +4,7 @@ The worker's reports, taskwatch's rescues, operator actions and the HTTP API all
 through `finish_attempts`: it decides each row's changes with the state machine, writes them with
 guarded UPDATEs, gives each accepted attempt's limiter slot back exactly once, wakes workers
 for work it made due, releases the tasks waiting for the tasks it finished (dependencies.py) and
-announces the django.tasks ones (task_finished, djangotasks.py). A limit holds at every moment:
+announces the endings (endings.py; the backend sends task_finished). A limit holds at every moment:
 an attempt stopped by an operator while its handler runs keeps its slot until that handler's
 report comes back (refused) or its deadline passes (limiter.py: lingering attempts).
 
@@ -33,7 +33,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connection, tran
 from django.utils import timezone
 
 from ..models import ScheduleCfg, Status
-from . import dependencies, djangotasks, sql, tasklog, wakeup
+from . import dependencies, endings, sql, tasklog, wakeup
 from . import limiter as limiter_module
 from .attempts import Outcome, Report
 from .configs import configs
@@ -115,7 +115,7 @@ def _finish(
         # django.tasks ones are announced (task_finished), once, whoever ended them.
         ended = [r.task for r in accepted if r.written and r.written.get("status") in dependencies.FINISHED]
         dependencies.release_on_commit(task.id for task in ended)
-        djangotasks.announce_finished((task.id, task.task_type) for task in ended)
+        endings.announce_finished((task.id, task.task_type) for task in ended)
         # Requeued work that is due now (retries without delay, next stages, hand-backs): look at once.
         due = {r.task.task_type for r in accepted if _due_now(r.written, now)}
         if due:

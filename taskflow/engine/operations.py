@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask, TaskStopped, class_path
 from ..models import ScheduleCfg, Status, Task, TaskEvent, TaskKey
-from . import dependencies, djangotasks, limiter, rolling, sql, wakeup
+from . import dependencies, endings, limiter, rolling, sql, wakeup
 from .attempts import ClaimedTask, Outcome, Report
 from .configs import configs
 from .finishing import finish_attempts
@@ -405,7 +405,7 @@ def _apply_batch(
         # Tasks stopped here release the tasks waiting for them (those ended through
         # finish_attempts are released by it).
         dependencies.release_on_commit(i for i in written if writes[i].get("status") == Status.STOPPED)
-        djangotasks.announce_finished(
+        endings.announce_finished(
             (i, by_id[i]["task_type"]) for i in written if writes[i].get("status") == Status.STOPPED
         )
         for task_id in written:
