@@ -33,6 +33,9 @@ class MTask:
     status: str
     deps: tuple[str, ...] = ()  # labels of the tasks it depends on
     run_on_failure: bool = False
+    # How each dependency had finished when this task saw it finish: a dependency re-enqueued in
+    # place later (same id) does not make its dependent wait again.
+    seen: dict[str, str] = field(default_factory=dict)
     future: bool = False  # its due time is far ahead: no claim takes it
     attempts: int = 0
     max_retries: int | None = None  # the task's own value (None: its type's)
@@ -122,8 +125,8 @@ class Model:
 
     # -- enqueueing ------------------------------------------------------------------------------------
 
-    def initial_status(self, deps: tuple[str, ...], run_on_failure: bool) -> str:
-        statuses = [self.tasks[d].status for d in deps]
+    def initial_status(self, deps: tuple[str, ...], run_on_failure: bool, seen: dict[str, str] | None = None) -> str:
+        statuses = [(seen or {}).get(d) or self.tasks[d].status for d in deps]
         if not run_on_failure and any(s in BROKEN for s in statuses):
             return STOPPED
         if any(s not in FINISHED for s in statuses):
@@ -158,6 +161,7 @@ class Model:
             if deps and self.dependents(existing.label):
                 raise Refused("a task re-enqueued in place with dependents cannot be given dependencies")
             existing.status = self.initial_status(deps, run_on_failure)
+            existing.seen = self._seen(deps)
             existing.deps, existing.run_on_failure, existing.future = deps, run_on_failure, future
             existing.attempts, existing.max_retries, existing.priority = 0, None, 0
             existing.table, existing.age, existing.superseded = None, FRESH, False
@@ -177,9 +181,17 @@ class Model:
 
     def _create(self, label, task_type, key, version, deps, run_on_failure, future) -> MTask:  # noqa: ANN001
         task = MTask(label, task_type, key, version, self.initial_status(deps, run_on_failure), deps, run_on_failure)
-        task.future = future
+        task.future, task.seen = future, self._seen(deps)
         self.tasks[label] = task
         return task
+
+    def _seen(self, deps: tuple[str, ...]) -> dict[str, str]:
+        return {d: self.tasks[d].status for d in deps if self.tasks[d].status in FINISHED}
+
+    def unroll(self, task: MTask) -> None:
+        """The task is back in the task table, unchanged (it rolls again at the next roll)."""
+        self._leave_table(task)
+        task.table = None
 
     def _leave_table(self, task: MTask) -> None:
         for table in self.tables:
@@ -289,7 +301,9 @@ class Model:
             for task in self.live():
                 if task.status != WAITING:
                     continue
-                status = self.initial_status(task.deps, task.run_on_failure)
+                for dep, status in self._seen(task.deps).items():
+                    task.seen.setdefault(dep, status)
+                status = self.initial_status(task.deps, task.run_on_failure, task.seen)
                 if status != WAITING:
                     task.status, changed = status, True
 
