@@ -281,8 +281,12 @@ class Model:
         if task.status == WAITING:
             return not delay_only
         if task.status in (FAILED, STOPPED):
-            return not (self.superseded(task) or self.blocked(task))
+            return not (self.superseded(task) or self.blocked(task) or self.handler_runs(task))
         return False
+
+    def handler_runs(self, task: MTask) -> bool:
+        """Whether the handler of an attempt an operator stopped still runs (running it again would run it twice)."""
+        return any(a.running and a.task == task.label for a in self.attempts.values())
 
     def revive(self, task: MTask, future: bool) -> None:
         """Apply retry_now or reschedule to a task `revivable` chose (a rolled one comes back to the task table)."""

@@ -32,7 +32,7 @@ from hypothesis.stateful import (
 )
 
 import taskflow
-from taskflow.engine import dependencies, expiry, operations, periodic, remote, rescue, rolling, sql
+from taskflow.engine import dependencies, expiry, limiter, operations, periodic, remote, rescue, rolling, sql
 from taskflow.engine.attempts import ClaimedTask, Outcome, Report
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
@@ -41,6 +41,7 @@ from taskflow.engine.limiter import Limiter
 from taskflow.engine.redis import get_redis
 from taskflow.exceptions import InvalidTask, NextStage, StaleVersion
 from taskflow.models import (
+    Lock,
     PeriodicTask,
     ScheduleCfg,
     SchedulePos,
@@ -85,27 +86,29 @@ SEAMS_SETTINGS = settings(
 
 
 # -- the remote worker: the one place the test calls the remote API ------------------------------------
-# (The remote API is gaining bound worker identities and per-attempt secrets: adapt these two calls.)
 
 
 class RemoteWorker:
-    """A remote worker as the HTTP API serves it: holds attempts, reports them by task id and lease."""
+    """A remote worker as the HTTP API serves it: registered (the server issues its id), it holds
+    attempts and reports each with the attempt key its hold gave it."""
 
-    worker_id = "seams-remote:2:r"
+    def __init__(self) -> None:
+        self.worker_id, _ = remote.register(0, "seams-remote", 2, list(TYPES), 4)
 
     def hold(self, task_type: str, limit: int) -> list[ClaimedTask]:
         return remote.hold([task_type], limit, self.worker_id)
 
     def report(self, attempt: ClaimedTask, report: Report) -> bool:
+        key = remote.attempt_key(attempt.id, attempt.lease_token, self.worker_id)
         sent = remote.RemoteReport(
-            remote.Held(attempt.id, attempt.lease_token),
+            remote.Held(attempt.id, attempt.lease_token, key),
             report.outcome,
             result=report.result,
             error=report.error,
             delay=report.delay,
             next_stage=report.next_stage,
         )
-        return remote.finish([sent])[0]
+        return remote.finish(self.worker_id, [sent])[0] is None
 
 
 # -- a clean database for every example ----------------------------------------------------------------
@@ -124,6 +127,7 @@ def reset_database() -> None:
             cursor.execute(f"DROP TABLE {sql.quote(table)}")
     for model in (Task, TaskKey, TaskDependency, TaskEvent, SchedulePos, PeriodicTask, WorkerProcess, ScheduleCfg):
         model.objects.all().delete()
+    Lock.objects.filter(name__startswith=limiter.LINGERING).delete()
     client = get_redis()
     if client is not None:
         for k in client.scan_iter("taskflow:*"):
