@@ -160,6 +160,8 @@ class Model:
                 raise Refused("a task re-enqueued in place cannot depend on itself")
             if deps and self.dependents(existing.label):
                 raise Refused("a task re-enqueued in place with dependents cannot be given dependencies")
+            # Stopped while its handler ran: the new run waits for that handler's deadline.
+            future = future or (existing.status == STOPPED and self.handler_runs(existing))
             existing.status = self.initial_status(deps, run_on_failure)
             existing.seen = self._seen(deps)
             existing.deps, existing.run_on_failure, existing.future = deps, run_on_failure, future
@@ -277,9 +279,9 @@ class Model:
     def revivable(self, task: MTask, *, delay_only: bool) -> bool:
         """Whether retry_now (delay_only: a delayed pending task becomes due) or reschedule changes the task."""
         if task.status == PENDING:
-            return task.future or not delay_only
+            return (task.future or not delay_only) and not self.handler_runs(task)
         if task.status == WAITING:
-            return not delay_only
+            return not delay_only and not self.handler_runs(task)
         if task.status in (FAILED, STOPPED):
             return not (self.superseded(task) or self.blocked(task) or self.handler_runs(task))
         return False

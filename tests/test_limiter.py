@@ -616,3 +616,20 @@ def test_a_stopped_task_is_not_run_again_while_its_handler_runs(operation: str):
     finish_attempts([Report(x, Outcome.LOST)])  # the handler returned (LeaseLost)
     assert run_again([x.id], by="op", **options).changed == 1
     assert Task.objects.get(pk=x.id).status == Status.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_re_enqueueing_a_key_stopped_while_its_handler_runs_waits_for_that_handlers_deadline():
+    """A stopped task re-enqueued in place would otherwise run beside its own handler."""
+    cfg = limited_cfg("t.a", 0)
+    task = taskflow.enqueue("t.a", {}, key="order-1", timeout=60)
+    [x] = claim_batch(cfg, 1, "w1:1:a")
+    operations.terminate([x.id], by="op")
+    again = taskflow.enqueue("t.a", {}, key="order-1", timeout=60)
+    assert (again.pk, again.status) == (task.pk, Status.PENDING)
+    assert again.run_after >= x.lease_expires_at
+    assert claim_batch(cfg, 1, "w2:1:b") == []  # not beside the handler still running
+    assert operations.retry_now([x.id], by="op").skipped == {operations.HANDLER_RUNNING: 1}  # nor made due early
+    finish_attempts([Report(x, Outcome.LOST)])  # the handler returned
+    assert operations.retry_now([x.id], by="op").changed == 1
+    assert [c.id for c in claim_batch(cfg, 1, "w2:1:b")] == [x.id]

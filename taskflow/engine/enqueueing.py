@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask, StaleVersion
 from ..models import Status, Task
-from . import dependencies, endings, ids, rolling, sql, wakeup
+from . import dependencies, endings, ids, limiter, rolling, sql, wakeup
 from .configs import configs
 from .transitions import order_time
 from .validation import (
@@ -284,6 +284,12 @@ def _insert_new(table: str, spec: TaskSpec, aging: float, now: datetime, task_id
 def _replace(existing: Task, spec: TaskSpec, aging: float, now: datetime) -> Task:
     """Turn a failed or stopped task back into a fresh pending one, keeping its id and history."""
     fresh = _new_task(spec, aging, now)
+    handler_until = limiter.lingering_deadline(existing.pk) if existing.status == Status.STOPPED else None
+    if handler_until is not None and handler_until > fresh.run_after:
+        # Stopped while it ran, and its handler runs on: the new run waits for that handler's
+        # deadline, or the task would run twice at once (limiter.py: lingering attempts).
+        fresh.run_after = handler_until
+        fresh.order_time = order_time(handler_until, fresh.priority, aging)
     changes = {
         "status": spec.status,
         "status_msg": spec.status_msg or f"re-enqueued (was {existing.status})",

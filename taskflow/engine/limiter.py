@@ -565,6 +565,12 @@ def lingering_attempts() -> list[Lingering]:
     return [_parse_lingering(name) for name in names.values_list("name", flat=True)]
 
 
+def lingering_deadline(task_id: int) -> datetime | None:
+    """The deadline of a handler of this task still running after an operator stopped it, if one is."""
+    names = Lock.objects.filter(name__startswith=f"{LINGERING}{task_id}:", expires_at__gt=sql.database_now())
+    return max(names.values_list("expires_at", flat=True), default=None)
+
+
 def end_lapsed_lingering() -> list[Lingering]:
     """Delete lingering attempts past their deadline or of dead workers (taskwatch); returns those deleted.
 

@@ -111,6 +111,8 @@ def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
         if row["status"] == Status.PENDING:
             if row["run_after"] <= batch.now:
                 return "already due"
+            if batch.handler_running(row):
+                return HANDLER_RUNNING
             return batch.due_at(row, batch.now)
         if row["status"] in (Status.FAILED, Status.STOPPED):
             if batch.superseded(row):
@@ -136,6 +138,8 @@ def reschedule(
     when = resolve_run_after(run_after, now)
 
     def rule(row: dict[str, Any], batch: _Batch) -> Decision:
+        if batch.handler_running(row):
+            return HANDLER_RUNNING
         if row["status"] in (Status.PENDING, Status.WAITING):
             return batch.due_at(row, when)
         if row["status"] in (Status.FAILED, Status.STOPPED):
@@ -260,11 +264,12 @@ class _Batch:
         )
         # Stopped while its handler ran, and that handler has neither returned nor reached its
         # deadline: running the task again now would run it twice at once.
-        stopped = any(row["status"] == Status.STOPPED for row in rows)
-        self._handler_running = {a.id for a in limiter.lingering_attempts()} if stopped else set()
+        # A stopped task re-enqueued in place is pending while that handler runs (its due time waits
+        # for the handler's deadline): it must not be made due early either.
+        self._handler_running = {a.id for a in limiter.lingering_attempts()} if rows else set()
 
     def handler_running(self, row: dict[str, Any]) -> bool:
-        """Whether this stopped task's last handler may still be running (limiter.py: lingering attempts)."""
+        """Whether a handler of this task that an operator stopped may still run (limiter.py: lingering attempts)."""
         return row["id"] in self._handler_running
 
     def blocked(self, row: dict[str, Any]) -> bool:
