@@ -623,6 +623,25 @@ def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, gua
         return cursor.rowcount
 
 
+def lock_attempt_settings(table: str, ids: Iterable[int]) -> dict[int, tuple[int, int | None, int | None]]:
+    """Lock these tasks' rows and read what an operator or a newer version may change while they run.
+
+    Returns {id: (priority, max_retries, superseded_by)}. Called in the transaction that then writes
+    their attempts' ends, so a change committed before is seen and one committed after waits for it
+    (on SQLite the IMMEDIATE transaction already holds the write lock). Rows locked in id order.
+    """
+    qn = quote
+    ids = sorted(ids)
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    sql = (
+        f"SELECT {qn('id')}, {qn('priority')}, {qn('max_retries')}, {qn('superseded_by')} FROM {qn(table)} "
+        f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))}) ORDER BY {qn('id')}{lock}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, ids)
+        return {row[0]: (row[1], row[2], row[3]) for row in cursor.fetchall()}
+
+
 def _superseded_value(name: str, now: datetime) -> tuple[str, list[Any]]:
     """What a superseded task's column becomes instead of being queued again."""
     if name == "status":
