@@ -314,6 +314,18 @@ def test_set_priority_on_a_running_task_is_kept_by_its_report(outcome: Outcome) 
     assert task.order_time == order_time(task.run_after, 1, cfg.priority_aging)  # its queue place too
 
 
+def test_set_priority_on_a_task_held_by_a_worker_moves_it_when_handed_back() -> None:
+    task = taskflow.enqueue(T, {})
+    [held] = claim()
+    taskflow.set_priority([task.id], priority=1, by="gina")
+
+    finish_attempts([Report(held, Outcome.HANDBACK)])
+
+    task.refresh_from_db()
+    assert (task.status, task.priority) == (Status.PENDING, 1)
+    assert task.order_time == order_time(task.run_after, 1, configs.get(T).priority_aging)
+
+
 def test_a_next_stage_with_its_own_priority_still_sets_it_over_an_operators() -> None:
     task = taskflow.enqueue(T, {})
     [held] = claim()

@@ -93,6 +93,8 @@ def row_changes(report: Report, cfg: ScheduleCfg, now: datetime, rand: Any = Non
             changes["context"] = step.context
     elif outcome == Outcome.HANDBACK:
         changes.update(status=Status.PENDING, attempts=task.attempt - 1, worker_id="", started_at=None)
+        # Its place as before, unless an operator changed its priority while it was held.
+        changes["order_time"] = order_time(task.run_after, task.priority, cfg.priority_aging)
         changes["status_msg"] = "handed back unstarted by a stopping worker"
         changes["schedule_log"] = task.schedule_log
     if changes.get("status") == Status.PENDING and task.superseded_by is not None:
