@@ -402,10 +402,11 @@ def find_task_noting_history(table: str, task_type: str, key: str, version: int)
 def supersede_older_versions(table: str, task_type: str, key: str, version: int, now: datetime) -> int:
     """Mark every live older version of a key as superseded by `version`; pending and waiting ones stop now.
 
-    A running one keeps its attempt: its report reads the mark (see update_attempts) and stops the
-    task instead of queueing it again. One statement, so each row is either still waiting (and
-    stopped here) or already running (and marked): a report landing in between cannot slip
-    through, and row locks order this statement and that report either way.
+    A running one keeps its attempt: its report reads the mark (lock_attempt_settings, and
+    update_attempts for callers that did not) and stops the task instead of queueing it again. One
+    statement, so each row is either still waiting (and stopped here) or already running (and
+    marked): a report landing in between cannot slip through, and row locks order this statement
+    and that report either way.
     """
     qn = quote
     waiting = f"{qn('status')} IN (%s, %s)"  # pending, or waiting for its dependencies
