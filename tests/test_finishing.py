@@ -265,3 +265,21 @@ def test_repeated_reports_of_one_attempt_give_its_limiter_slot_back_once(redis_c
         [Report(a, Outcome.SUCCESS), Report(a, Outcome.ERROR, error="late"), Report(b, Outcome.ERROR, error="x")]
     )
     assert held_slots(T) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_superseded_running_task_stopped_by_its_retry_releases_its_dependents_at_once() -> None:
+    old = taskflow.enqueue(T, {}, key="k1", version=0)
+    [held] = claim_batch(configs.get(T), 1, "host-a:1:abc")
+    dependent = taskflow.enqueue(T, {}, depends_on=[old.id])
+    taskflow.enqueue(T, {}, key="k1", version=1)  # marks the running v0: its report stops it
+
+    [accepted] = finish_attempts([Report(held, Outcome.ERROR, error="boom")])
+
+    old.refresh_from_db()
+    dependent.refresh_from_db()
+    assert (old.status, old.status_msg) == (Status.STOPPED, "superseded by version 1")
+    # Released by the report itself, not left waiting for taskwatch's repair.
+    assert dependent.status == Status.STOPPED
+    assert dependent.status_msg == f"dependency {old.id} was stopped (superseded by version 1)"
+    assert accepted.written is not None and accepted.written["status"] == Status.STOPPED  # as written, no wake-up

@@ -16,6 +16,8 @@ from taskflow.engine.attempts import Outcome, Report, heartbeat
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
 from taskflow.engine.finishing import finish_attempts
+from taskflow.engine.transitions import order_time
+from taskflow.exceptions import NextStage
 from taskflow.models import Status, Task, TaskEvent
 
 T = "test.noop"
@@ -280,3 +282,57 @@ def test_a_claim_landing_first_wins_over_retry_now(monkeypatch: pytest.MonkeyPat
 
     assert (result.changed, result.skipped) == (0, {"changed meanwhile": 1})
     assert state(task) == (Status.PROCESSING, 1)
+
+
+# -- operator changes to a running task -------------------------------------------------------------------
+
+
+def test_set_max_retries_on_a_running_task_judges_that_attempts_failure() -> None:
+    task = taskflow.enqueue(T, {})
+    [held] = claim()
+    assert taskflow.set_max_retries([task.id], max_retries=0, by="gina").changed == 1
+
+    finish_attempts([Report(held, Outcome.ERROR, error="boom")])
+
+    task.refresh_from_db()
+    assert (task.status, task.max_retries) == (Status.FAILED, 0)
+    assert task.status_msg.startswith("failed after 1 attempts: boom")
+
+
+@pytest.mark.parametrize("outcome", [Outcome.ERROR, Outcome.NEXT_STAGE])
+def test_set_priority_on_a_running_task_is_kept_by_its_report(outcome: Outcome) -> None:
+    task = taskflow.enqueue(T, {}, max_retries=5)
+    [held] = claim()
+    assert taskflow.set_priority([task.id], priority=1, by="gina").changed == 1
+
+    step = NextStage("second") if outcome == Outcome.NEXT_STAGE else None
+    finish_attempts([Report(held, outcome, error="boom", next_stage=step)])
+
+    task.refresh_from_db()
+    assert (task.status, task.priority) == (Status.PENDING, 1)
+    cfg = configs.get(T)
+    assert task.order_time == order_time(task.run_after, 1, cfg.priority_aging)  # its queue place too
+
+
+def test_set_priority_on_a_task_held_by_a_worker_moves_it_when_handed_back() -> None:
+    task = taskflow.enqueue(T, {})
+    [held] = claim()
+    taskflow.set_priority([task.id], priority=1, by="gina")
+
+    finish_attempts([Report(held, Outcome.HANDBACK)])
+
+    task.refresh_from_db()
+    assert (task.status, task.priority) == (Status.PENDING, 1)
+    assert task.order_time == order_time(task.run_after, 1, configs.get(T).priority_aging)
+
+
+def test_a_next_stage_with_its_own_priority_still_sets_it_over_an_operators() -> None:
+    task = taskflow.enqueue(T, {})
+    [held] = claim()
+    taskflow.set_priority([task.id], priority=1, by="gina")
+    step = NextStage("second", priority=7)
+
+    finish_attempts([Report(held, Outcome.NEXT_STAGE, next_stage=step)])
+
+    task.refresh_from_db()
+    assert (task.status, task.stage, task.priority) == (Status.PENDING, "second", 7)

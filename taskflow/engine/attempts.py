@@ -46,6 +46,9 @@ class ClaimedTask:
     lease_expires_at: datetime
     retry_same_host: int = 0
     prefer_host: str = ""
+    # The newer version that superseded this task while it ran (read again when the attempt ends,
+    # see finishing.py: a task that would go back to pending is stopped instead).
+    superseded_by: int | None = None
     # Set when the attempt was taken away while it runs (terminated by an operator, or rescued).
     stop_requested: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 

@@ -54,6 +54,13 @@ REFUSAL_TRIES = 3
 Row = tuple[Report, dict[str, Any]]  # a report and the columns it writes
 # Ends of attempts decided by others than the worker running them (operators, taskwatch).
 _NOT_FROM_HANDLERS = frozenset({Outcome.TERMINATED, Outcome.RESCUED})
+# Ends that put the task back in the queue or may fail it: decided with the task's priority, retry
+# budget and superseded mark as they are when written (an operator may change them while the attempt
+# runs; a newer version may supersede it), read again under the row lock. Successes, failures and
+# stops need none of these, and are written without the extra query.
+_DECIDED_WITH_CURRENT_SETTINGS = frozenset(
+    {Outcome.ERROR, Outcome.RESCUED, Outcome.SNOOZE, Outcome.NEXT_STAGE, Outcome.HANDBACK}
+)
 
 
 def finish_attempts(
@@ -143,7 +150,7 @@ def _write_isolating(
     tries = 0
     while True:
         try:
-            written = _write(table, rows, guard, now)
+            written = _write(table, rows, cfgs, guard, now)
         except Exception as exc:
             if sql.is_lock_conflict(exc) or not _database_answers():
                 # Another transaction's locks, or an outage: nothing of this part was written and
@@ -185,9 +192,10 @@ def _fail_refused(
     refused_by = "the database refused" if isinstance(exc, DatabaseError) else "could not write"
     reason = f"{refused_by} this attempt's report: {type(exc).__name__}: {exc}"
     log.warning("task %s: %s; the task is failed", report.task.id, reason, extra=tasklog.about(report.task))
-    changes = row_changes(_failure(report, reason), cfgs[report.task.task_type], now)
+    failure = _failure(report, reason)
+    changes = row_changes(failure, cfgs[report.task.task_type], now)
     try:
-        written = _write(table, [(report, changes)], guard, now)
+        written = _write(table, [(failure, changes)], cfgs, guard, now)
     except Exception as again:
         if sql.is_lock_conflict(again) or not _database_answers():
             raise
@@ -205,21 +213,21 @@ def _fail_refused(
         accepted.append(report)
 
 
-def _write(table: str, rows: list[Row], guard: sql.Guard, now: datetime) -> list[Row]:
-    """Write `rows` in one transaction; returns those whose attempt was still theirs to end."""
-    # One UPDATE per group of rows sharing a token and the set of columns written, cut to size.
-    groups: dict[tuple[int, frozenset[str]], list[Row]] = defaultdict(list)
-    for report, changes in rows:
-        groups[(report.task.lease_token, frozenset(changes))].append((report, changes))
-    statements = [chunk for group in groups.values() for chunk in _chunks(group)]
+def _write(table: str, rows: list[Row], cfgs: dict[str, ScheduleCfg], guard: sql.Guard, now: datetime) -> list[Row]:
+    """Write `rows` in one transaction; returns those whose attempt was still theirs to end (as written)."""
     accepted: list[Row] = []
+    rereads = any(report.outcome in _DECIDED_WITH_CURRENT_SETTINGS for report, _ in rows)
+    statements = _statements(rows)
     # All statements or none, so a retried flush never mistakes its own earlier writes for stale
     # reports; a single UPDATE is atomic by itself and skips the transaction's round trips. Inside
     # the caller's transaction a savepoint keeps a refused statement from spoiling it. A stop of a
     # running attempt records, with it, that the attempt keeps its slot while its handler runs on.
     stops = any(report.outcome == Outcome.TERMINATED for report, _ in rows)
-    atomic = len(statements) > 1 or connection.in_atomic_block or stops
+    # Settings read again stay locked until this transaction's UPDATEs land.
+    atomic = rereads or len(statements) > 1 or connection.in_atomic_block or stops
     with transaction.atomic() if atomic else nullcontext():
+        if rereads:
+            statements = _statements(_decided_with_current_settings(table, rows, cfgs, now))
         for chunk in statements:
             token = chunk[0][0].task.lease_token
             by_id = {report.task.id: (report, changes) for report, changes in chunk}
@@ -234,6 +242,39 @@ def _write(table: str, rows: list[Row], guard: sql.Guard, now: datetime) -> list
         if stops:
             limiter_module.keep_lingering([r.task for r, _ in accepted if r.outcome == Outcome.TERMINATED], now)
     return accepted
+
+
+def _statements(rows: list[Row]) -> list[list[Row]]:
+    """One UPDATE per group of rows sharing a token and the set of columns written, cut to size."""
+    groups: dict[tuple[int, frozenset[str]], list[Row]] = defaultdict(list)
+    for report, changes in rows:
+        groups[(report.task.lease_token, frozenset(changes))].append((report, changes))
+    return [chunk for group in groups.values() for chunk in _chunks(group)]
+
+
+def _decided_with_current_settings(
+    table: str, rows: list[Row], cfgs: dict[str, ScheduleCfg], now: datetime
+) -> list[Row]:
+    """`rows`, those that requeue or may fail decided again if their task's settings changed while it ran.
+
+    An operator's set_priority or set_max_retries applies to the attempt in flight and is never
+    overwritten by its end; a task superseded meanwhile is stopped here rather than in the UPDATE,
+    so its release, task_finished and wake-ups follow what was written.
+    """
+    current = sql.lock_attempt_settings(
+        table, {report.task.id for report, _ in rows if report.outcome in _DECIDED_WITH_CURRENT_SETTINGS}
+    )
+    decided: list[Row] = []
+    for report, changes in rows:
+        if report.task.id in current and report.outcome in _DECIDED_WITH_CURRENT_SETTINGS:
+            task, cfg = report.task, cfgs[report.task.task_type]
+            priority, max_retries, superseded_by = current[task.id]
+            max_retries = cfg.max_retry_num if max_retries is None else max_retries
+            if (task.priority, task.max_retries, task.superseded_by) != (priority, max_retries, superseded_by):
+                task.priority, task.max_retries, task.superseded_by = priority, max_retries, superseded_by
+                changes = _changes(report, cfg, now)
+        decided.append((report, changes))
+    return decided
 
 
 def _chunks(rows: list[Row]) -> Iterator[list[Row]]:

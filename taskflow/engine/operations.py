@@ -158,7 +158,11 @@ def reschedule(
 def set_priority(
     selection: Selection, *, priority: int, by: Any, reason: str = "", dry_run: bool = False
 ) -> OperationResult:
-    """Set tasks' priority (-100..100); pending ones move in the queue at once, others keep it for later attempts."""
+    """Set tasks' priority (-100..100); pending ones move in the queue at once, others keep it for later attempts.
+
+    A running attempt's retry, snooze, next stage or hand-back queues the task with the new value
+    (finishing.py reads it again under the row lock; a next stage naming its own priority sets that).
+    """
     priority = validate_priority(priority)
 
     def rule(row: dict[str, Any], batch: _Batch) -> Decision:
@@ -175,7 +179,10 @@ def set_priority(
 def set_max_retries(
     selection: Selection, *, max_retries: int, by: Any, reason: str = "", dry_run: bool = False
 ) -> OperationResult:
-    """Set how many retries tasks get (>= 0); a running attempt's own failure is judged by the new value."""
+    """Set how many retries tasks get (>= 0); a running attempt's own failure is judged by the new value.
+
+    (finishing.py reads the value again under the row lock when that attempt's failure is written.)
+    """
     max_retries = validate_non_negative_int("max_retries", max_retries, maximum=MAX_INT)  # type: ignore[assignment]
 
     def rule(row: dict[str, Any], batch: _Batch) -> Decision:

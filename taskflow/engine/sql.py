@@ -402,10 +402,11 @@ def find_task_noting_history(table: str, task_type: str, key: str, version: int)
 def supersede_older_versions(table: str, task_type: str, key: str, version: int, now: datetime) -> int:
     """Mark every live older version of a key as superseded by `version`; pending and waiting ones stop now.
 
-    A running one keeps its attempt: its report reads the mark (see update_attempts) and stops the
-    task instead of queueing it again. One statement, so each row is either still waiting (and
-    stopped here) or already running (and marked): a report landing in between cannot slip
-    through, and row locks order this statement and that report either way.
+    A running one keeps its attempt: its report reads the mark (lock_attempt_settings, and
+    update_attempts for callers that did not) and stops the task instead of queueing it again. One
+    statement, so each row is either still waiting (and stopped here) or already running (and
+    marked): a report landing in between cannot slip through, and row locks order this statement
+    and that report either way.
     """
     qn = quote
     waiting = f"{qn('status')} IN (%s, %s)"  # pending, or waiting for its dependencies
@@ -621,6 +622,25 @@ def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, gua
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {qn(table)} SET {', '.join(assignments)} WHERE {where}", params)
         return cursor.rowcount
+
+
+def lock_attempt_settings(table: str, ids: Iterable[int]) -> dict[int, tuple[int, int | None, int | None]]:
+    """Lock these tasks' rows and read what an operator or a newer version may change while they run.
+
+    Returns {id: (priority, max_retries, superseded_by)}. Called in the transaction that then writes
+    their attempts' ends, so a change committed before is seen and one committed after waits for it
+    (on SQLite the IMMEDIATE transaction already holds the write lock). Rows locked in id order.
+    """
+    qn = quote
+    ids = sorted(ids)
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    sql = (
+        f"SELECT {qn('id')}, {qn('priority')}, {qn('max_retries')}, {qn('superseded_by')} FROM {qn(table)} "
+        f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))}) ORDER BY {qn('id')}{lock}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, ids)
+        return {row[0]: (row[1], row[2], row[3]) for row in cursor.fetchall()}
 
 
 def _superseded_value(name: str, now: datetime) -> tuple[str, list[Any]]:

@@ -5,10 +5,10 @@ hand-back; the worker's reports, taskwatch's rescues and the API's reports all g
 `finishing.finish_attempts`), so a rescued attempt is retried or failed by the same rules as any
 failed one, and a task that always times out ends failed instead of running forever.
 
-One decision is left to the UPDATE that writes these changes: a task going back to pending whose
-newer version was enqueued meanwhile is stopped instead (`sql.update_attempts` reads the
-`superseded_by` mark under the row lock, so an enqueue committing after this function ran is
-not missed).
+A task going back to pending whose newer version was enqueued meanwhile is stopped instead.
+`finish_attempts` reads that mark (and the priority and retry budget an operator may have changed
+while the attempt ran) under the row lock before deciding, so what it writes is what it believes
+it wrote; `sql.update_attempts` still stops such a row should a caller not have read the mark.
 """
 
 from __future__ import annotations
@@ -93,8 +93,13 @@ def row_changes(report: Report, cfg: ScheduleCfg, now: datetime, rand: Any = Non
             changes["context"] = step.context
     elif outcome == Outcome.HANDBACK:
         changes.update(status=Status.PENDING, attempts=task.attempt - 1, worker_id="", started_at=None)
+        # Its place as before, unless an operator changed its priority while it was held.
+        changes["order_time"] = order_time(task.run_after, task.priority, cfg.priority_aging)
         changes["status_msg"] = "handed back unstarted by a stopping worker"
         changes["schedule_log"] = task.schedule_log
+    if changes.get("status") == Status.PENDING and task.superseded_by is not None:
+        # A newer version was enqueued while this attempt ran: this one is not queued again.
+        changes.update(status=Status.STOPPED, status_msg=f"superseded by version {task.superseded_by}", finished_at=now)
     return changes
 
 
