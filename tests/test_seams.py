@@ -416,7 +416,7 @@ class Seams(RuleBasedStateMachine):
     @rule(selection=st.lists(tasks, min_size=1, max_size=2), priority=st.integers(-2, 2))
     def set_priority(self, selection: list[str], priority: int) -> None:
         def decide(task: MTask, dry: bool) -> bool:
-            if task.table is not None or task.priority == priority:
+            if task.priority == priority:  # a rolled task is changed too: brought back to the task table
                 return False
             if not dry:
                 task.priority = priority
@@ -428,7 +428,7 @@ class Seams(RuleBasedStateMachine):
     @rule(selection=st.lists(tasks, min_size=1, max_size=2), max_retries=st.integers(0, 2))
     def set_max_retries(self, selection: list[str], max_retries: int) -> None:
         def decide(task: MTask, dry: bool) -> bool:
-            if task.table is not None or task.status == "success" or task.max_retries == max_retries:
+            if task.status == "success" or task.max_retries == max_retries:
                 return False
             if not dry:
                 task.max_retries = max_retries

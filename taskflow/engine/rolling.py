@@ -349,15 +349,17 @@ def _settle_dependents(min_id: int, max_id: int) -> None:
 def _drop(table: str) -> None:
     """Delete the dependency edges and events of the table's tasks, in batches, then drop the table.
 
-    Only the edges that made its tasks wait go (as `purge_finished` does); edges of live tasks that
-    waited for its tasks keep their recorded outcome. Runs after the table is marked dropped, so
-    nothing reads or moves its rows meanwhile; a crash is finished by the next run.
+    Both kinds of edge go: those its tasks waited by, and those of live tasks that waited for its
+    tasks (settled before the table was marked, so each such dependent was already released or
+    stopped; a task gone with its table no longer holds back a retry of its dependents). Runs after
+    the table is marked dropped, so nothing reads or moves its rows meanwhile; a crash is finished
+    by the next run.
     """
     # A table recorded by a roll that died before creating it holds nothing.
     ids = sql.ids_after(table, 0, DROP_BATCH) if _exists(table) else []
     while ids:
         with transaction.atomic():
-            TaskDependency.objects.filter(task_id__in=ids).delete()
+            TaskDependency.objects.filter(Q(task_id__in=ids) | Q(depends_on_id__in=ids)).delete()
             TaskEvent.objects.filter(task_id__in=ids).delete()
         ids = sql.ids_after(table, ids[-1], DROP_BATCH) if len(ids) == DROP_BATCH else []
     with connection.cursor() as cursor:
