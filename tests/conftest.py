@@ -107,6 +107,23 @@ def spawn(process_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[...,
             proc.wait(timeout=10)
 
 
+def history_tables() -> list[str]:
+    """The tables tasks were rolled into (they are not Django's: a flush between tests leaves them)."""
+    from taskflow.engine import sql
+
+    prefix = sql.task_table() + "_"
+    with connection.cursor() as cursor:
+        return [t for t in connection.introspection.table_names(cursor) if t.startswith(prefix)]
+
+
+def drop_history_tables() -> None:
+    from taskflow.engine import sql
+
+    with connection.cursor() as cursor:
+        for table in history_tables():
+            cursor.execute(f"DROP TABLE {sql.quote(table)}")
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05) -> object:
     """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -24,7 +24,7 @@ from taskflow.engine.configs import configs
 from taskflow.engine.dependencies import neighbours
 from taskflow.exceptions import InvalidTask
 from taskflow.models import ScheduleCfg, SchedulePos, Status, Task, TaskDependency, TaskEvent
-from tests.conftest import staff
+from tests.conftest import drop_history_tables, staff
 from tests.test_dependencies import finish
 
 T = "test.noop"
@@ -37,12 +37,8 @@ def roll_settings(**values: object) -> override_settings:
 
 @pytest.fixture(autouse=True)
 def _no_history_tables() -> None:
-    """History tables are not Django's: a flush between tests leaves them; drop them instead."""
     yield
-    with connection.cursor() as cursor:
-        for table in connection.introspection.table_names(cursor):
-            if table.startswith(sql.task_table() + "_"):
-                cursor.execute(f"DROP TABLE {sql.quote(table)}")
+    drop_history_tables()
 
 
 def age(*tasks: Task, days: float = 2) -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 import taskflow
-from taskflow.engine import rolling, sql
+from taskflow.engine import rolling
 from taskflow.models import Status, Task
-from tests.conftest import staff
+from tests.conftest import drop_history_tables, staff
 
 pytestmark = pytest.mark.django_db(transaction=True)
 T = "test.noop"
@@ -21,10 +20,7 @@ HISTORY = "/admin/taskflow/task/history/"
 @pytest.fixture(autouse=True)
 def _no_history_tables() -> None:
     yield
-    with connection.cursor() as cursor:
-        for table in connection.introspection.table_names(cursor):
-            if table.startswith(sql.task_table() + "_"):
-                cursor.execute(f"DROP TABLE {sql.quote(table)}")
+    drop_history_tables()
 
 
 

@@ -51,7 +51,7 @@ from taskflow.models import (
     TaskKey,
     WorkerProcess,
 )
-from tests.conftest import REPO
+from tests.conftest import REPO, drop_history_tables, history_tables
 from tests.seams_model import ANCIENT, OLD, PROCESSING, MAttempt, Model, MTask, Refused
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -114,17 +114,9 @@ class RemoteWorker:
 # -- a clean database for every example ----------------------------------------------------------------
 
 
-def history_tables() -> list[str]:
-    prefix = sql.task_table() + "_"
-    with connection.cursor() as cursor:
-        return [t for t in connection.introspection.table_names(cursor) if t.startswith(prefix)]
-
-
 def reset_database() -> None:
     """What every example starts from: no tasks anywhere, no history tables, no slots held in Redis."""
-    with connection.cursor() as cursor:
-        for table in history_tables():
-            cursor.execute(f"DROP TABLE {sql.quote(table)}")
+    drop_history_tables()
     for model in (Task, TaskKey, TaskDependency, TaskEvent, SchedulePos, PeriodicTask, WorkerProcess, ScheduleCfg):
         model.objects.all().delete()
     Lock.objects.filter(name__startswith=limiter.LINGERING).delete()
