@@ -5,7 +5,7 @@ task table or a history table, see docs/rolling.md); the operator operations `te
 `retry_now`, `reschedule`, `set_priority` and `set_max_retries` (each returning an
 `OperationResult`); `periodic` (declare a periodic schedule in code); the handler signals
 `Snooze`, `PermanentFailure` and `NextStage` (also raised by TaskContext's snooze/fail/next_stage);
-and the errors.
+and the errors. `__version__` is the package's version.
 
 Importing this package imports no Django model: the engine is loaded on first use, so a remote
 worker can register handlers without Django settings or a database.
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from importlib import import_module
+from importlib import import_module, metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .engine.registry import handler
@@ -42,6 +43,25 @@ if TYPE_CHECKING:
     from .engine.periodic import periodic
     from .models import Task
 
+
+def _version() -> str:
+    """pyproject.toml's version: read from it in a source checkout, else from the installed package's metadata."""
+    # The checkout first: an older installed copy of taskflow must not name the code running from here.
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        import tomllib
+
+        project = tomllib.loads(pyproject.read_text()).get("project", {})
+        if project.get("name") == "taskflow":
+            return str(project["version"])
+    try:
+        return metadata.version("taskflow")
+    except metadata.PackageNotFoundError:  # copied in without being installed
+        return "0+unknown"
+
+
+__version__ = _version()
+
 # Loaded on first use (module __getattr__), so `import taskflow` stays free of the ORM.
 _LAZY = {
     name: "taskflow.engine.operations"
@@ -59,6 +79,7 @@ __all__ = [
     "StaleVersion",
     "TaskflowError",
     "UnknownTaskType",
+    "__version__",
     "enqueue",
     "enqueue_many",
     "get_task",
