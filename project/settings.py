@@ -19,6 +19,21 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 
+# A deployment behind HTTPS (README, "Production"): TASKFLOW_HTTPS=1 behind a proxy that ends TLS
+# and sets X-Forwarded-Proto. Every plain-HTTP request is redirected, cookies travel over HTTPS only,
+# and browsers are told (HSTS) to use nothing else. Off by default: `runserver` speaks plain HTTP.
+HTTPS = os.environ.get("TASKFLOW_HTTPS", "").lower() in {"1", "true", "yes", "on"}
+if HTTPS:
+    # The proxy must overwrite this header on every request, or a client could claim HTTPS itself.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    # A year, as `check --deploy` asks; TASKFLOW_HSTS_SECONDS shortens it while trying HTTPS out.
+    SECURE_HSTS_SECONDS = int(os.environ.get("TASKFLOW_HSTS_SECONDS", 31536000))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -120,7 +135,10 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "taskflow API",
-    "DESCRIPTION": "Create, hold and report tasks over HTTP (see docs/api.md).",
+    # The Swagger page links only to what exists: the schema it shows, and no terms, contact or
+    # external docs (the reference, docs/api.md, ships with the source and its docs site).
+    "DESCRIPTION": "Create, hold and report tasks over HTTP: the reference is docs/api.md in taskflow's documentation.",
+    "LICENSE": {"name": "MIT"},
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     # Swagger UI from drf-spectacular-sidecar's static files: no CDN.
@@ -131,6 +149,9 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "TaskStatusEnum": "taskflow.models.Status",
         "SetStatusEnum": ["failed", "pending", "stopped", "success"],
+        # Two answers have an `outcome`: a bulk create's per task and a batch's per item.
+        "EnqueueOutcomeEnum": ["created", "existing", "replaced"],
+        "BatchItemOutcomeEnum": ["applied", "refused"],
     },
 }
 
