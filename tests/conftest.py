@@ -21,6 +21,8 @@ from taskflow.engine.configs import configs
 from taskflow.engine.redis import get_redis
 
 REPO = Path(__file__).resolve().parent.parent
+# The plugin an installed taskflow registers by its entry point (same name: never loaded twice).
+pytest_plugins = ["taskflow.testing"]
 
 
 @pytest.fixture(autouse=True)
