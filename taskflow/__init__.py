@@ -5,6 +5,7 @@ task table or a history table, see docs/rolling.md); the operator operations `te
 `retry_now`, `reschedule`, `set_priority` and `set_max_retries` (each returning an
 `OperationResult`); `periodic` (declare a periodic schedule in code); the handler signals
 `Snooze`, `PermanentFailure` and `NextStage` (also raised by TaskContext's snooze/fail/next_stage);
+`TaskContext` (what a handler receives);
 and the errors. `__version__` is the package's version.
 
 Importing this package imports no Django model: the engine is loaded on first use, so a remote
@@ -13,11 +14,11 @@ worker can register handlers without Django settings or a database.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from importlib import import_module, metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .engine.registry import handler
 from .exceptions import (
@@ -30,8 +31,10 @@ from .exceptions import (
     TaskflowError,
     UnknownTaskType,
 )
+from .runtime.context import TaskContext
 
 if TYPE_CHECKING:
+    from .engine.enqueueing import TaskSpec
     from .engine.operations import (
         OperationResult,
         reschedule,
@@ -77,6 +80,7 @@ __all__ = [
     "PermanentFailure",
     "Snooze",
     "StaleVersion",
+    "TaskContext",
     "TaskflowError",
     "UnknownTaskType",
     "__version__",
@@ -115,7 +119,7 @@ def enqueue(
     trace_id: str = "",
     retry_same_host: int = 0,
     depends_on: Iterable[int | Task] = (),
-    on_dependency_failure: str = "stop",
+    on_dependency_failure: Literal["stop", "run"] = "stop",
 ) -> Task:
     """Create a task in the caller's transaction, or return/replace the one with the same identity.
 
@@ -144,8 +148,8 @@ def enqueue(
     )
 
 
-def enqueue_many(requests: Any) -> list[Task]:
-    """Create many tasks in one transaction; see taskflow.enqueueing.enqueue_many."""
+def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]:
+    """Create many tasks in one transaction, all or none: each request holds `enqueue`'s arguments by name."""
     from .engine.enqueueing import enqueue_many as _enqueue_many
 
     return _enqueue_many(requests)

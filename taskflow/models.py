@@ -88,6 +88,9 @@ class Task(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    # Not a column: on each task taskflow.enqueue/enqueue_many return, "created", "existing" or "replaced".
+    enqueue_outcome: str
+
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["task_type", "key", "version"], name="taskflow_task_identity"),

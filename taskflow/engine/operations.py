@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.db.models import QuerySet
@@ -32,7 +32,12 @@ from .validation import MAX_INT, resolve_run_after, validate_non_negative_int, v
 BATCH = 1000  # rows per statement: short locks however large the selection
 FINISHED = (Status.SUCCESS, Status.FAILED, Status.STOPPED)
 
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
+
 Selection = QuerySet[Task] | Iterable[int | str | Task]
+# Who acts: a user (its username is recorded) or a name such as "api:ops-bot" or "cron".
+type Actor = AbstractBaseUser | str
 
 
 @dataclass
@@ -67,7 +72,7 @@ Decision = dict[str, Any] | str | _EndAttempt
 Rule = Callable[[dict[str, Any], "_Batch"], Decision]
 
 
-def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool = False) -> OperationResult:
+def terminate(selection: Selection, *, by: Actor, reason: str = "", dry_run: bool = False) -> OperationResult:
     """Stop tasks: pending and waiting ones at once; running ones too, fencing their attempt (its writes are refused).
 
     A running handler is told through `ctx.stop_requested`, and its next heartbeat or checkpoint
@@ -95,7 +100,7 @@ def terminate(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
 HANDLER_RUNNING = "its stopped handler still running"
 
 
-def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool = False) -> OperationResult:
+def retry_now(selection: Selection, *, by: Actor, reason: str = "", dry_run: bool = False) -> OperationResult:
     """Run tasks now: failed or stopped ones again with a fresh retry budget, delayed pending ones early.
 
     The schedule log is kept. A superseded version (a newer one of its key exists) is not retried,
@@ -128,7 +133,7 @@ def retry_now(selection: Selection, *, by: Any, reason: str = "", dry_run: bool 
 
 
 def reschedule(
-    selection: Selection, *, run_after: datetime | float, by: Any, reason: str = "", dry_run: bool = False
+    selection: Selection, *, run_after: datetime | float, by: Actor, reason: str = "", dry_run: bool = False
 ) -> OperationResult:
     """Move tasks' due time (`run_after`: an aware datetime or seconds from now); failed/stopped ones become pending.
 
@@ -156,7 +161,7 @@ def reschedule(
 
 
 def set_priority(
-    selection: Selection, *, priority: int, by: Any, reason: str = "", dry_run: bool = False
+    selection: Selection, *, priority: int, by: Actor, reason: str = "", dry_run: bool = False
 ) -> OperationResult:
     """Set tasks' priority (-100..100); pending ones move in the queue at once, others keep it for later attempts.
 
@@ -177,7 +182,7 @@ def set_priority(
 
 
 def set_max_retries(
-    selection: Selection, *, max_retries: int, by: Any, reason: str = "", dry_run: bool = False
+    selection: Selection, *, max_retries: int, by: Actor, reason: str = "", dry_run: bool = False
 ) -> OperationResult:
     """Set how many retries tasks get (>= 0); a running attempt's own failure is judged by the new value.
 
@@ -317,7 +322,7 @@ def _operate(
     selection: Selection,
     rule: Rule,
     *,
-    by: Any,
+    by: Actor,
     reason: str,
     dry_run: bool,
     now: datetime | None = None,

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ..exceptions import UnknownTaskType
 from .validation import validate_task_type
 
 Handler = Callable[..., Any]
+# The decorated function keeps its own type, so a type checker still sees what it returns.
+H = TypeVar("H", bound=Handler)
 _handlers: dict[str, Handler] = {}
 
 
-def handler(task_type: str) -> Callable[[Handler], Handler]:
+def handler(task_type: str) -> Callable[[H], H]:
     """Register the decorated function as the handler of `task_type`; it receives a TaskContext."""
     validate_task_type(task_type)
 
-    def register(fn: Handler) -> Handler:
+    def register(fn: H) -> H:
         existing = _handlers.get(task_type)
         if existing is not None and existing is not fn and _qualname(existing) != _qualname(fn):
             raise ValueError(f"task type {task_type!r} already has a handler: {_qualname(existing)}")
