@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,7 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     rates: dict[str, list[float]] = {"INFO": [], "WARNING": []}
+    cpu_us: dict[str, list[float]] = {"INFO": [], "WARNING": []}
     out_dir = Path(tempfile.mkdtemp(prefix="bench-logging-"))
     for rep in range(args.reps):
         # Alternate which level goes first, so a drifting machine load favours neither.
@@ -56,10 +58,13 @@ def main() -> None:
             log = out_dir / f"{rep}-{level}.log"
             command = [sys.executable, str(ROOT / "manage.py"), "taskworker", "--burst", "--types", "bench.noop"]
             command += ["--concurrency", str(args.concurrency), "-l", level]
-            started = time.monotonic()
+            started, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
             with open(log, "wb") as out:
                 subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=600, check=True)
-            wall = time.monotonic() - started
+            wall, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+            # The worker's own CPU (start-up included) per task: less swayed by a busy machine than rates.
+            cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / args.tasks * 1e6
+            cpu_us[level].append(cpu)
             done = Task.objects.filter(task_type="bench.noop", status=Status.SUCCESS)
             span = done.aggregate(first=Min("started_at"), last=Max("finished_at"))
             count = done.count()
@@ -68,11 +73,14 @@ def main() -> None:
             lines = sum(1 for line in log.read_text().splitlines() if " taskflow.tasks " in line)
             print(
                 f"rep {rep} {level:7} {count} tasks in {seconds:6.2f} s = {count / seconds:7.0f}/s "
-                f"(wall {wall:5.1f} s, {lines} task lines, {log.stat().st_size} bytes of output)",
+                f"(wall {wall:5.1f} s, worker CPU {cpu:5.0f} us/task, {lines} task lines, "
+                f"{log.stat().st_size} bytes of output)",
                 flush=True,
             )
     info, warning = statistics.median(rates["INFO"]), statistics.median(rates["WARNING"])
     print(f"median drain rate: -l INFO {info:.0f}/s, -l WARNING {warning:.0f}/s, INFO/WARNING = {info / warning:.3f}")
+    info, warning = statistics.median(cpu_us["INFO"]), statistics.median(cpu_us["WARNING"])
+    print(f"median worker CPU: -l INFO {info:.0f} us/task, -l WARNING {warning:.0f} us/task, + {info - warning:.0f} us")
     Task.objects.filter(task_type="bench.noop").delete()
 
 
