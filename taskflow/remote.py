@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import signal
 import sys
 from pathlib import Path
 
 from .engine import registry
 from .exceptions import UnknownTaskType
+from .runtime import logs
 from .runtime.remote import RemoteWorker
 from .runtime.remote_client import AccessDenied, ApiClient, ApiError
 
@@ -64,13 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--flush-timeout", type=_seconds, default=60.0, help="seconds to keep sending reports after a stop (60)"
     )
     parser.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for one answer (10)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    logs.add_arguments(parser, default_level="INFO")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # The whole process is this worker's: the handlers' own logging shows too, as it did with basicConfig.
+    logs.configure(args.loglevel, log_format=args.log_format, logger="")
     try:
         token = args.token_file.read_text().strip()
     except OSError as exc:

@@ -38,6 +38,7 @@ from typing import Any
 
 from ..engine import registry
 from ..exceptions import InvalidTask, LeaseLost, NextStage, PermanentFailure, Snooze
+from . import logs
 from .context import TaskContext
 from .remote_client import AccessDenied, ApiClient, ApiError, Rejected, Unreachable
 
@@ -296,12 +297,7 @@ class RemoteWorker:
 
     def run(self) -> None:
         """Work until stopped; then hand back, finish and flush. Raises AccessDenied on a 401/403."""
-        log.info(
-            "remote worker starting: %s types=%s concurrency=%d",
-            self.client.root,
-            ",".join(self.task_types),
-            self.concurrency,
-        )
+        logs.remote_worker_banner(self)
         for n in range(self.concurrency):
             self._start(f"taskflow-remote-handler-{n}", self._handler_loop)
         self._reporter = self._start("taskflow-remote-reporter", self._report_loop)
@@ -630,6 +626,7 @@ class RemoteWorker:
                 self.processed += 1
             else:
                 self.refused += 1
+        logs.remote_attempt_ended(report.attempt, report.item, applied=applied)
 
     # -- liveness ------------------------------------------------------------------------------
 

@@ -86,7 +86,8 @@ class Watcher:
 
     def run(self) -> None:
         """Pass every `interval` until stopped, renewing the lease in between; resign on the way out."""
-        log.info(
+        # taskwatch's banner (runtime.logs) said the rest at INFO.
+        log.debug(
             "taskwatch %s started: interval %.1fs, leader ttl %.1fs",
             self.leadership.owner,
             self.interval,

@@ -45,7 +45,7 @@ from ..exceptions import (
     Snooze,
     class_path,
 )
-from . import connections
+from . import connections, logs
 from .context import TaskContext
 from .liveness import LivenessBeat
 from .supervision import Loop
@@ -129,9 +129,7 @@ class Worker:
 
     def run(self) -> None:
         """Work until stopped (or, with burst, until nothing is due); then shut down gracefully."""
-        log.info(
-            "worker %s starting: types=%s concurrency=%d", self.worker_id, ",".join(self.task_types), self.concurrency
-        )
+        logs.worker_banner(self)
         self._start_threads()
         try:
             Loop("taskflow-claim-loop", self._claim_step, on_fatal=self._give_up, stop=self._stopping).run()
@@ -454,6 +452,7 @@ class Worker:
             self._count_written(len(written), written)
             raise
         self._pending = []
+        logs.attempts_ended(reports)
         refused = sum(1 for r in reports if r.outcome != Outcome.LOST) - len(accepted)
         if refused > 0:
             log.warning("%d stale report(s) refused (their attempts were taken away)", refused)

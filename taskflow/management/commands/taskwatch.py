@@ -3,6 +3,7 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
+from taskflow.runtime import logs
 from taskflow.runtime.watcher import Watcher
 
 log = logging.getLogger("taskflow.watch")
@@ -26,12 +27,15 @@ class Command(BaseCommand):
             "--interval", type=positive_float, default=None, help="seconds between passes (default WATCH_INTERVAL)"
         )
         parser.add_argument("--once", action="store_true", help="make one pass (if this process can lead), then exit")
+        logs.add_arguments(parser)
 
     def handle(self, *args, **options) -> None:  # noqa: ANN002, ANN003
+        logs.configure(options["loglevel"], verbosity=options["verbosity"], log_format=options["log_format"])
         try:
             watcher = Watcher(interval=options["interval"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        logs.watcher_banner(watcher, once=options["once"])
         if options["once"]:
             counts = watcher.run_once()
             watcher.leadership.resign()

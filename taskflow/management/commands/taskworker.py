@@ -3,6 +3,7 @@ import signal
 from django.core.management.base import BaseCommand, CommandError
 
 from taskflow.exceptions import UnknownTaskType
+from taskflow.runtime import logs
 from taskflow.runtime.django_tasks import select_task_types
 from taskflow.runtime.worker import Worker, WorkerFailed
 
@@ -38,8 +39,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--grace", type=non_negative_float, default=None, help="seconds running tasks get to finish on shutdown"
         )
+        logs.add_arguments(parser)
 
     def handle(self, *args, **options) -> None:  # noqa: ANN002, ANN003
+        logs.configure(options["loglevel"], verbosity=options["verbosity"], log_format=options["log_format"])
         types = [t.strip() for t in options["types"].split(",") if t.strip()]
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         try:
