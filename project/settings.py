@@ -20,7 +20,7 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "project.admin.ExampleAdminConfig",  # django.contrib.admin, with its own titles
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
