@@ -15,7 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db import connections
+from django.db.models import BooleanField, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTransform
 
 SCAN_LIMIT = 10_000
@@ -24,6 +26,18 @@ PREFIX = "payload."
 # A key: letters, digits, "_" and "-" (but no "__", Django's lookup separator); all digits: an array index.
 KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,100}")
 EXAMPLE = "payload.order_id = 42, payload.customer.email = \"ann@example.com\""
+
+
+# How each database that compares JSON values as text names the JSON types a search value may have.
+JSON_TYPES = {
+    "sqlite": {"number": ("integer", "real"), "str": ("text",), "bool": ("true", "false"), "null": ("null",)},
+    "mysql": {
+        "number": ("INTEGER", "UNSIGNED INTEGER", "DOUBLE", "DECIMAL"),
+        "str": ("STRING",),
+        "bool": ("BOOLEAN",),
+        "null": ("NULL",),
+    },
+}
 
 
 class BadPayloadSearch(ValueError):
@@ -45,7 +59,24 @@ class PayloadSearch:
         at: Any = "payload"
         for key in self.path:
             at = KeyTransform(key, at)
-        return queryset.alias(payload_at=at).filter(payload_at=self.value), (bound[0] if bound else None)
+        found = queryset.alias(payload_at=at).filter(payload_at=self.value)
+        typed = self._json_type_condition(queryset.db)
+        if typed is not None:
+            found = found.filter(typed)
+        return found, (bound[0] if bound else None)
+
+    def _json_type_condition(self, alias: str) -> Any:
+        """On SQLite and MariaDB/MySQL, the value's JSON type too: Django compares their values as text there,
+        so 42 would match "42" (PostgreSQL compares jsonb values, types included)."""
+        vendor = connections[alias].vendor
+        if vendor not in JSON_TYPES:
+            return None
+        json_path = "$" + "".join(f"[{k}]" if k.isdigit() else f'."{k}"' for k in self.path)
+        kind = "bool" if isinstance(self.value, bool) else "null" if self.value is None else type(self.value).__name__
+        names = JSON_TYPES[vendor]["number" if kind in ("int", "float") else kind]
+        function = "json_type(payload, %s)" if vendor == "sqlite" else "JSON_TYPE(JSON_EXTRACT(payload, %s))"
+        marks = ", ".join(["%s"] * len(names))
+        return Q(RawSQL(f"{function} IN ({marks})", [json_path, *names], output_field=BooleanField()))
 
 
 def parse(term: str) -> PayloadSearch | None:
