@@ -63,16 +63,16 @@ def test_malformed_progress_is_refused_with_what_is_wrong(done: Any, total: Any,
 def test_the_throttle_passes_one_value_per_interval_and_keeps_the_latest() -> None:
     now = [100.0]
     throttle = ProgressThrottle(interval=1.0, clock=lambda: now[0])
-    first, second, third = Progress(1, 10), Progress(2, 10), Progress(3, 10)
-    assert throttle.offer(first) is first  # the first report is written at once
-    assert throttle.offer(second) is None
+    assert throttle.offer(1, 10) == Progress(1, 10)  # the first report is written at once
+    assert throttle.offer(2, 10) is None
     now[0] += 0.5
-    assert throttle.offer(third) is None
-    assert throttle.pending is third  # the latest, not the first held back
+    assert throttle.offer(3, 10, "third") is None
+    assert throttle.pending == Progress(3, 10, "third")  # the latest, not the first held back
     now[0] += 0.6
-    fourth = Progress(4, 10)
-    assert throttle.offer(fourth) is fourth and throttle.pending is None
+    assert throttle.offer(4, 10) == Progress(4, 10) and throttle.pending is None
     assert throttle.take() is None
+    with pytest.raises(InvalidTask, match="must not exceed total"):
+        throttle.offer(5, 4)  # checked even when no write is due
 
 
 # -- the local worker's context ----------------------------------------------------------------------------

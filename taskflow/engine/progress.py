@@ -12,6 +12,7 @@ without the claim writing anything more. No Django import: the remote worker use
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -82,26 +83,45 @@ def shown(stored: Any, lease_token: int) -> dict[str, Any] | None:
     return {"done": done, "total": total, "message": message, "percent": percent, "at": stored.get("at")}
 
 
+_PLAIN_NUMBERS = (int, float)
+
+
 class ProgressThrottle:
-    """One attempt's latest progress, and whether it is due to be written (at most once per interval)."""
+    """One attempt's latest progress, and whether it is due to be written (at most once per interval).
+
+    `offer` is the hot path (a handler may call it in its innermost loop): a plain check, a clock
+    read and a tuple; a Progress is built only for a write.
+    """
 
     def __init__(self, interval: float = WRITE_INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval, self.clock = interval, clock
-        self.pending: Progress | None = None
+        self._pending: tuple[Any, Any, Any] | None = None
         self._written_at = -math.inf
 
-    def offer(self, progress: Progress) -> Progress | None:
-        """Keep `progress` as the latest; returns it (and counts it as written) if a write is due now."""
+    @property
+    def pending(self) -> Progress | None:
+        return None if self._pending is None else Progress(*self._pending)
+
+    def offer(self, done: Any, total: Any, message: Any = "") -> Progress | None:
+        """Keep this progress as the latest (InvalidTask if malformed); returns it if a write is due now."""
+        if not (
+            type(done) in _PLAIN_NUMBERS
+            and type(total) in _PLAIN_NUMBERS
+            and type(message) is str
+            and 0 <= done <= total <= MAX_NUMBER
+            and len(message) <= MAX_MESSAGE
+        ):
+            done, total, message = dataclasses.astuple(progress_of(done, total, message))  # raises, or a subclass
         now = self.clock()
         if now - self._written_at < self.interval:
-            self.pending = progress
+            self._pending = (done, total, message)
             return None
-        self.pending, self._written_at = None, now
-        return progress
+        self._pending, self._written_at = None, now
+        return Progress(done, total, message)
 
     def take(self) -> Progress | None:
         """The latest progress not yet written, if any, now counted as written (it rides on the next write)."""
-        pending, self.pending = self.pending, None
+        pending, self._pending = self.pending, None
         if pending is not None:
             self._written_at = self.clock()
         return pending

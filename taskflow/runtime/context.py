@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn, Protocol
 
-from ..engine.progress import Progress, ProgressThrottle, progress_of
+from ..engine.progress import Progress, ProgressThrottle
 from ..exceptions import LeaseLost, NextStage, PermanentFailure, Snooze
 
 log = logging.getLogger("taskflow.worker")
@@ -110,7 +110,7 @@ class TaskContext:
         deadline), and the last value when the handler returns. InvalidTask if malformed (done
         above total, say); LeaseLost, as heartbeat(), when a write finds the task taken away.
         """
-        due = self._progress.offer(progress_of(done, total, message))
+        due = self._progress.offer(done, total, message)
         if due is not None:
             self._channel.heartbeat(progress=due)
 
