@@ -302,6 +302,13 @@ def main() -> None:
         ("list, search by key", tasks + f"?q=k{key_row}"),
         ("list, search by trace id", tasks + f"?q=t{trace_row}"),
         ("list, search by user id (100 tasks)", tasks + "?q=u42"),
+        # Payload search reads the newest 10,000 matching the filters (payload "n" is the row's seq).
+        ("list, search payload.n, a recent task", tasks + "?" + urlencode({"q": f"payload.n = {args.rows - 7}"})),
+        ("list, search payload.n, none recent", tasks + "?" + urlencode({"q": "payload.n = 1"})),
+        (
+            "list, type + search payload.n",
+            tasks + "?" + urlencode({"task_type": TYPES[5], "q": f"payload.n = {args.rows - 7}"}),
+        ),
         ("list, stage", tasks + "?stage=index"),
         ("list, stage+type", tasks + "?" + urlencode({"stage": "index", "task_type": TYPES[2]})),
         ("list, priority >= 90", tasks + "?priority_min=90"),

@@ -35,7 +35,7 @@ if HTTPS:
     SECURE_HSTS_PRELOAD = True
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "project.admin.ExampleAdminConfig",  # django.contrib.admin, with its own titles
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

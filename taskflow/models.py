@@ -54,6 +54,8 @@ class Task(models.Model):
     result = models.JSONField(null=True, blank=True)
     context = models.JSONField(default=dict, blank=True, help_text="working data carried between stages")
     checkpoint = models.JSONField(null=True, blank=True)
+    # The running (or last) attempt's ctx.progress() with its lease token: engine/progress.py.
+    progress = models.JSONField(null=True, blank=True)
     stage = models.CharField(max_length=100, blank=True, default="")
 
     attempts = models.PositiveIntegerField(default=0)

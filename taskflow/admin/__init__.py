@@ -5,6 +5,9 @@ confirmation page), configs.py (task types), periodic.py (schedules), workers.py
 audit trail), coordination.py (leases, rolling positions), dashboard.py (per-type numbers and
 charts, from the rollup in engine/stats.py; charts.py draws them as SVG). listing.py keeps every
 list fast at millions of rows; filters.py holds the task list's filters, display.py how values are shown.
+
+The console lives in the project's admin site and leaves its header and titles alone: a project
+that wants its admin titled says so itself (the example project does, in project/admin.py).
 """
 
 from __future__ import annotations
@@ -18,10 +21,6 @@ from .events import TaskEventAdmin
 from .periodic import PeriodicTaskAdmin
 from .tasks import TaskAdmin
 from .workers import WorkerProcessAdmin
-
-admin.site.site_header = "taskflow console"
-admin.site.site_title = "taskflow"
-admin.site.index_title = "Tasks, workers and schedule configuration"
 
 # The dashboard: its URL (/admin/taskflow/dashboard/) and its entry in the index.
 install_dashboard(admin.site)

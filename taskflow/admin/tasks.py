@@ -9,24 +9,26 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.dateparse import parse_datetime
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from ..engine import progress as progress_rules
 from ..engine import rolling
+from ..engine.configs import configs
 from ..engine.dependencies import neighbours
 from ..engine.operations import applicable
 from ..engine.operations import revivals as revivals_of
 from ..engine.periodic import MANUAL_SUFFIX, schedule_of
 from ..engine.validation import MAX_BIGINT
 from ..models import Status, Task, TaskEvent
-from . import display
+from . import display, payload_search
 from .actions import OPERATE_PERMISSION, OPERATIONS, list_actions, operate_view
 from .filters import (
     CreatedRangeFilter,
@@ -39,8 +41,10 @@ from .filters import (
 )
 from .history import history_view
 from .listing import CappedChangeList, ReadOnlyAdmin
+from .live import live
 
 # What the list reads of each row: never the JSON columns, which may hold a megabyte each.
+# (progress is JSON too, but small: two numbers and a message of at most 200 characters.)
 LIST_COLUMNS = (
     "id",
     "task_type",
@@ -53,6 +57,8 @@ LIST_COLUMNS = (
     "run_after",
     "worker_id",
     "created_at",
+    "progress",
+    "lease_token",
 )
 OTHER_VERSIONS_SHOWN = 20
 EVENTS_SHOWN = 50
@@ -66,18 +72,9 @@ class TaskChangeList(CappedChangeList):
 
 @admin.register(Task)
 class TaskAdmin(ReadOnlyAdmin):
-    list_display = [
-        "id",
-        "task_type",
-        "key_version",
-        "status_badge",
-        "stage",
-        "priority",
-        "attempts",
-        "due",
-        "worker",
-        "age",
-    ]
+    # Few columns, each of short lines, so the list fits a 1,400 px window beside both sidebars:
+    # the task (type, key@version, stage), its state (status, progress, worker), and its times.
+    list_display = ["id", "task", "state", "priority", "attempts", "when"]
     list_filter = [
         "status",
         TaskTypeFilter,
@@ -88,7 +85,10 @@ class TaskAdmin(ReadOnlyAdmin):
         WorkerFilter,
     ]
     search_fields = ["id"]  # shows the search box; get_search_results does the searching
-    search_help_text = "Exact task id, key, trace id or user id."
+    search_help_text = (
+        f"Exact task id, key, trace id or user id; or a payload value, payload.order_id = 42, among the "
+        f"newest {payload_search.SCAN_LIMIT:,} tasks matching the filters."
+    )
     ordering = ["-id"]
     sortable_by = ["id"]  # ids are time-ordered; any other order would sort the whole match
     actions = list_actions()
@@ -101,8 +101,9 @@ class TaskAdmin(ReadOnlyAdmin):
             {
                 "fields": [
                     ("id", "task_type", "status_badge"),
+                    "progress_block",
                     ("key", "version", "superseded_by"),
-                    ("stage", "priority", "attempts", "max_retries", "timeout"),
+                    ("stage", "priority", "attempts", "max_retries_shown", "timeout_shown"),
                     ("trace_id", "user_id"),
                     "status_msg_block",
                 ]
@@ -112,9 +113,9 @@ class TaskAdmin(ReadOnlyAdmin):
             "Schedule and lease",
             {
                 "fields": [
-                    ("run_after", "order_time", "prefer_host", "prefer_host_until"),
-                    ("worker_id", "lease_token", "lease_expires_at", "heartbeat_at"),
-                    ("created_at", "started_at", "finished_at", "updated_at"),
+                    ("run_after_at", "order_time_at", "prefer_host", "prefer_host_until_at"),
+                    ("worker_id", "lease_token", "lease_expires_at_at", "heartbeat_at_at"),
+                    ("created_at_at", "started_at_at", "finished_at_at", "updated_at_at"),
                 ]
             },
         ),
@@ -168,21 +169,39 @@ class TaskAdmin(ReadOnlyAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Task], search_term: str
     ) -> tuple[QuerySet[Task], bool]:
-        """Exact matches only, each answered by an index: id, key (the identity index), trace id, user id."""
+        """Exact matches only, each answered by an index: id, key (the identity index), trace id, user id;
+        or a payload value within a bounded window (payload_search.py)."""
         term = search_term.strip()
         if not term:
             return queryset, False
+        try:
+            by_payload = payload_search.parse(term)
+        except payload_search.BadPayloadSearch as exc:
+            messages.error(request, str(exc))
+            return queryset.none(), False
+        if by_payload is not None:
+            found, bound = by_payload.apply(queryset)
+            if bound is not None:
+                messages.info(
+                    request,
+                    f"The payload search read the newest {payload_search.SCAN_LIMIT:,} tasks matching the filters "
+                    f"(ids from {bound}); filter by type and created time to search older ones.",
+                )
+            return found, False
         match = Q(trace_id=term) | Q(user_id=term) | Q(task_type__in=known_types(), key=term)
         if term.isdigit() and int(term) <= MAX_BIGINT:
             match |= Q(pk=int(term))
         return queryset.filter(match), False
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {**(extra_context or {}), **live("#changelist-form")})
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         task = self.get_object(request, object_id)
         if task is not None and self.has_view_permission(request, task):
-            extra_context = {**(extra_context or {}), **self.task_page(request, task)}
+            extra_context = {**(extra_context or {}), **self.task_page(request, task), **live("#content-main")}
         return super().change_view(request, object_id, form_url, extra_context)
 
     def task_page(self, request: HttpRequest, task: Task) -> dict[str, Any]:
@@ -209,6 +228,10 @@ class TaskAdmin(ReadOnlyAdmin):
             versions += [v for v in rolled if v.pk != task.pk]
             versions = sorted(versions, key=lambda v: -v.version)[:OTHER_VERSIONS_SHOWN]
         events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("-at", "-id")[:EVENTS_SHOWN])
+        for event in events:
+            event.at_shown = display.timestamp(event.at)
+        for version in versions:
+            version.created_shown = display.timestamp(version.created_at)
         return {
             **periodic_context(task),
             "history_table": rolling.history_table(in_history) if in_history is not None else "",
@@ -222,9 +245,35 @@ class TaskAdmin(ReadOnlyAdmin):
             "events_url": reverse("admin:taskflow_taskevent_changelist") + "?" + urlencode({"q": task.pk}),
         }
 
-    @admin.display(description="key", ordering=None)
-    def key_version(self, task: Task) -> str:
-        return f"{task.key} @v{task.version}" if task.key is not None else display.EMPTY
+    @admin.display(description="task")
+    def task(self, task: Task) -> SafeString:
+        # Break a long dotted type name at its dots rather than anywhere.
+        name = format_html_join(SafeString(".<wbr>"), "{}", ((part,) for part in task.task_type.split(".")))
+        lines = [format_html('<span class="tf-line tf-type-name">{}</span>', name)]
+        if task.key is not None:
+            lines.append(format_html('<span class="tf-line tf-quiet">{} @v{}</span>', task.key, task.version))
+        if task.stage:
+            lines.append(format_html('<span class="tf-line tf-quiet">stage {}</span>', task.stage))
+        return SafeString("".join(lines))
+
+    @admin.display(description="status")
+    def state(self, task: Task) -> SafeString:
+        lines = [display.status_badge(task.status)]
+        bar = progress_rules.shown(task.progress, task.lease_token)
+        if bar is not None:
+            lines.append(format_html('<span class="tf-line">{}</span>', display.progress_bar(bar, compact=True)))
+        if task.worker_id:
+            where = "on" if task.status == Status.PROCESSING else "ran on"
+            lines.append(format_html('<span class="tf-line tf-quiet">{} {}</span>', where, self.worker(task)))
+        return SafeString("".join(lines))
+
+    @admin.display(description="age / due")
+    def when(self, task: Task) -> SafeString:
+        due = self.due(task)
+        lines = [format_html('<span class="tf-line">{}</span>', display.ago(task.created_at))]
+        if due != display.EMPTY:
+            lines.append(format_html('<span class="tf-line tf-quiet">due {}</span>', due))
+        return SafeString("".join(lines))
 
     @admin.display(description="status")
     def status_badge(self, task: Task) -> SafeString:
@@ -244,9 +293,31 @@ class TaskAdmin(ReadOnlyAdmin):
             return task.worker_id
         return format_html('<a href="{}">{}</a>', display.tasks_url(worker=task.worker_id), task.worker_id)
 
-    @admin.display(description="age")
-    def age(self, task: Task) -> str:
-        return display.age(task.created_at)
+    @admin.display(description="progress")
+    def progress_block(self, task: Task) -> SafeString | str:
+        return display.progress_bar(progress_rules.shown(task.progress, task.lease_token))
+
+    @admin.display(description="max retries")
+    def max_retries_shown(self, task: Task) -> str:
+        if task.max_retries is not None:
+            return str(task.max_retries)
+        return f"{configs.get(task.task_type).max_retry_num} (type default)"
+
+    @admin.display(description="timeout")
+    def timeout_shown(self, task: Task) -> str:
+        if task.timeout is not None:
+            return f"{task.timeout} s"
+        return f"{configs.get(task.task_type).max_processing_time} s (type default)"
+
+    run_after_at = display.time_field("run_after", "run after")
+    order_time_at = display.time_field("order_time", "order time")
+    prefer_host_until_at = display.time_field("prefer_host_until", "prefer host until")
+    lease_expires_at_at = display.time_field("lease_expires_at", "lease expires at")
+    heartbeat_at_at = display.time_field("heartbeat_at", "heartbeat at")
+    created_at_at = display.time_field("created_at", "created at")
+    started_at_at = display.time_field("started_at", "started at")
+    finished_at_at = display.time_field("finished_at", "finished at")
+    updated_at_at = display.time_field("updated_at", "updated at")
 
     @admin.display(description="status message")
     def status_msg_block(self, task: Task) -> str:
@@ -290,12 +361,14 @@ def attempts_log(task: Task) -> list[dict[str, Any]]:
         if not isinstance(entry, dict):
             continue
         cost_ms = entry.get("cost_ms")
+        started = parse_datetime(entry["started_at"]) if entry.get("started_at") else None
         rows.append(
             {
                 "kind": "attempt",
                 "attempt": entry.get("attempt"),
                 "worker": entry.get("worker") or "",
-                "started_at": parse_datetime(entry["started_at"]) if entry.get("started_at") else None,
+                "started_at": started,
+                "started": display.timestamp(started, ms=True),
                 "duration": f"{cost_ms / 1000:.3f} s" if isinstance(cost_ms, (int, float)) else "",
                 "outcome": entry.get("outcome") or "",
                 "error": entry.get("error") or "",
@@ -307,6 +380,7 @@ def attempts_log(task: Task) -> list[dict[str, Any]]:
         {
             "kind": "revival",
             "at": event.at,
+            "at_shown": display.timestamp(event.at, ms=True),
             "by": event.actor,
             "action": event.action.replace("_", " "),
             "was": (event.changes.get("status") or [""])[0],

@@ -54,7 +54,7 @@ class WorkerChangeList(CappedChangeList):
 
 @admin.register(WorkerProcess)
 class WorkerProcessAdmin(ReadOnlyAdmin):
-    list_display = ["host", "pid", "alive", "last_beat", "concurrency", "task_types", "running", "worker_id"]
+    list_display = ["host", "pid", "alive", "last_beat", "concurrency", "types_list", "running", "worker_id"]
     list_filter = [AliveFilter, "host"]
     search_fields = ["worker_id", "host"]
     ordering = ["host", "worker_id"]
@@ -78,6 +78,14 @@ class WorkerProcessAdmin(ReadOnlyAdmin):
     @admin.display(description="last heartbeat", ordering="heartbeat_at")
     def last_beat(self, worker: WorkerProcess) -> str:
         return display.relative(worker.heartbeat_at)
+
+    @admin.display(description="task types")
+    def types_list(self, worker: WorkerProcess) -> SafeString | str:
+        """One type to a line (a worker may serve dozens: a Python list in one cell would widen the table)."""
+        types = worker.task_types if isinstance(worker.task_types, list) else []
+        if not types:
+            return display.EMPTY
+        return format_html('<ul class="tf-types">{}</ul>', format_html_join("", "<li>{}</li>", ((t,) for t in types)))
 
     @admin.display(description="running now")
     def running(self, worker: WorkerProcess) -> SafeString | str:

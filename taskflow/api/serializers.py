@@ -19,6 +19,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..engine import dependencies, remote, validation
+from ..engine import progress as progress_rules
 from ..exceptions import MAX_DELAY, MAX_REASON, MAX_STAGE, InvalidTask
 from ..models import ScheduleCfg, Task
 from .lookup import parse_task_id
@@ -185,6 +186,10 @@ class TaskSerializer(serializers.ModelSerializer):
     result = serializers.JSONField(read_only=True, allow_null=True)
     context = serializers.JSONField(read_only=True)
     checkpoint = serializers.JSONField(read_only=True, allow_null=True)
+    progress = serializers.SerializerMethodField(
+        help_text="the current (or last) attempt's ctx.progress(): done, total, message, percent, at; "
+        "null until it reports (a new attempt starts with none)"
+    )
 
     class Meta:
         model = Task
@@ -201,6 +206,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "stage",
             "context",
             "checkpoint",
+            "progress",
             "attempts",
             "max_retries",
             "timeout",
@@ -232,6 +238,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "stage": task.stage,
             "context": task.context,
             "checkpoint": task.checkpoint,
+            "progress": self.get_progress(task),
             "attempts": task.attempts,
             "max_retries": task.max_retries,
             "timeout": task.timeout,
@@ -244,6 +251,23 @@ class TaskSerializer(serializers.ModelSerializer):
             "started_at": time_text(task.started_at),
             "finished_at": time_text(task.finished_at),
         }
+
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "done": {"type": "number"},
+                "total": {"type": "number"},
+                "message": {"type": "string"},
+                "percent": {"type": "number", "nullable": True},
+                "at": {"type": "string", "format": "date-time"},
+            },
+        }
+    )
+    def get_progress(self, task: Task) -> dict[str, Any] | None:
+        return progress_rules.shown(task.progress, task.lease_token)
 
 
 def time_text(value: datetime | None) -> str | None:
@@ -380,6 +404,28 @@ class HoldResponseSerializer(serializers.Serializer):
     tasks = HeldAttemptSerializer(many=True)
 
 
+class ExactNumber(StrictNumber):
+    """A JSON number kept as sent: an integer stays an integer."""
+
+    def to_internal_value(self, data: Any) -> float:
+        value = super().to_internal_value(data)
+        return data if isinstance(data, int) else value
+
+
+class ProgressSerializer(StrictSerializer):
+    """A handler's progress as ctx.progress() takes it: numbers from 0, done <= total, a short message."""
+
+    done = ExactNumber(min_value=0, max_value=progress_rules.MAX_NUMBER)
+    total = ExactNumber(min_value=0, max_value=progress_rules.MAX_NUMBER)
+    message = StrictText(required=False, max_length=progress_rules.MAX_MESSAGE)
+
+    def validate(self, attrs: dict[str, Any]) -> progress_rules.Progress:  # type: ignore[override]
+        done, total = attrs["done"], attrs["total"]
+        if done > total:
+            raise serializers.ValidationError({"done": [f"must not exceed total ({done} > {total})"]})
+        return progress_rules.Progress(done, total, attrs.get("message", ""))
+
+
 # -- set: a worker's report, or an operator's change --------------------------------------------------
 
 WORKER_STATUSES = ("success", "failed", "pending")  # pending with a lease: snooze
@@ -395,6 +441,7 @@ WORKER_ONLY = (
     "context",
     "delay",
     "checkpoint",
+    "progress",
     "cost_ms",
 )
 # Per kind of worker report: the fields it may carry besides lease (and task_id in a batch).
@@ -403,7 +450,7 @@ WORKER_KINDS = {
     "failed": {"status", "error", "detail", "retry", "cost_ms"},
     "pending": {"status", "delay", "error", "cost_ms"},
     "stage": {"stage", "context", "delay", "priority", "cost_ms"},
-    "checkpoint": {"checkpoint"},
+    "checkpoint": {"checkpoint", "progress"},
 }
 
 
@@ -424,6 +471,7 @@ class SetSerializer(StrictSerializer):
     delay = StrictNumber(required=False, min_value=0, max_value=MAX_DELAY)
     priority = _priority(required=False)
     checkpoint = JsonValue(required=False, allow_null=True)
+    progress = ProgressSerializer(required=False, help_text="with a checkpoint: the handler's progress")
     cost_ms = _count(required=False)
     run_after = RunAfterField(required=False)
     max_retries = _count(required=False)
@@ -496,10 +544,21 @@ class LeaseBatchSerializer(StrictSerializer):
     items = LeaseSerializer(many=True, max_length=MAX_BATCH)
 
 
-class HeartbeatSerializer(LeaseBatchSerializer):
-    """Leases to extend; with `beat: true`, instead the worker's liveness beat listing every attempt it holds."""
+class HeartbeatItemSerializer(LeaseSerializer):
+    progress = ProgressSerializer(required=False, help_text="the handler's progress, saved with the heartbeat")
 
+
+class HeartbeatSerializer(StrictSerializer):
+    """Leases to extend (each with its progress, optionally); with `beat: true`, instead the worker's
+    liveness beat listing every attempt it holds."""
+
+    items = HeartbeatItemSerializer(many=True, max_length=MAX_BATCH)
     beat = StrictBoolean(required=False, default=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["beat"] and any("progress" in item for item in attrs["items"]):
+            raise serializers.ValidationError({"beat": ["a liveness beat carries no progress: a heartbeat does"]})
+        return attrs
 
 
 class BatchResultSerializer(serializers.Serializer):

@@ -274,7 +274,7 @@ class TaskSetView(ApiView):
         if worker:
             held = remote.Held(task.id, data["lease"], data["attempt_key"])
             if data["kind"] == "checkpoint":
-                [outcome] = remote.extend(worker_id, [(held, data["checkpoint"])])
+                [outcome] = remote.extend(worker_id, [(held, data["checkpoint"])], [data.get("progress")])
                 refused_as = outcome if isinstance(outcome, remote.Refused) else None
             else:
                 [refused_as] = remote.finish(worker_id, [remote_report(held, data)])
@@ -346,7 +346,7 @@ class BatchSetView(ApiView):
         items = request.data["items"]
         results: list[dict[str, Any] | None] = [None] * len(items)
         reports: list[tuple[int, remote.RemoteReport]] = []
-        checkpoints: list[tuple[int, remote.Held, Any]] = []
+        checkpoints: list[tuple[int, remote.Held, Any, Any]] = []
         checker = s.BatchSetItemSerializer()  # one for all items: building a serializer's fields is its dearest part
         for i, item in enumerate(items):
             try:
@@ -358,11 +358,11 @@ class BatchSetView(ApiView):
                 continue
             held = remote.Held(data["task_id"], data["lease"], data["attempt_key"])
             if data["kind"] == "checkpoint":
-                checkpoints.append((i, held, data["checkpoint"]))
+                checkpoints.append((i, held, data["checkpoint"], data.get("progress")))
             else:
                 reports.append((i, remote_report(held, data)))
-        extended = remote.extend(worker_id, [(h, c) for _, h, c in checkpoints])
-        for (i, held, _), deadline in zip(checkpoints, extended, strict=True):
+        extended = remote.extend(worker_id, [(h, c) for _, h, c, _ in checkpoints], [p for *_, p in checkpoints])
+        for (i, held, *_), deadline in zip(checkpoints, extended, strict=True):
             results[i] = refused(held.task_id, deadline) if isinstance(deadline, str) else applied(held.task_id)
         for (i, report), why in zip(reports, remote.finish(worker_id, [r for _, r in reports]), strict=True):
             results[i] = applied(report.held.task_id) if why is None else refused(report.held.task_id, why)
@@ -379,7 +379,8 @@ class HeartbeatView(ApiView):
         responses={200: s.HeartbeatResponseSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        """Extend each attempt's deadline by its timeout; with `beat: true`, the worker's liveness beat instead.
+        """Extend each attempt's deadline by its timeout (saving its `progress` if given); with `beat: true`, the
+        worker's liveness beat instead.
 
         A beat lists every attempt the worker holds and extends none of them (only a handler's own
         heartbeat does, so a stuck one still times out); it answers which are still held. Those
@@ -393,7 +394,8 @@ class HeartbeatView(ApiView):
         if beat:
             deadlines = remote.held_deadlines(worker_id, helds)
         else:
-            deadlines = remote.extend(worker_id, [(h, ...) for h in helds])
+            progress = [item.get("progress") for item in data["items"]]
+            deadlines = remote.extend(worker_id, [(h, ...) for h in helds], progress)
         answer: dict[str, Any] = {
             "results": [
                 refused(h.task_id, deadline)

@@ -1,8 +1,8 @@
 """One attempt of a task: what a worker holds while it runs, how it keeps its lease, how it ends.
 
 A claim starts an attempt (`ClaimedTask`, carrying the fencing token `lease_token`); the handler may
-extend its deadline (`heartbeat`, also saving a checkpoint); the worker ends it with a `Report`,
-which `finishing.finish_attempts` writes. Every write is guarded by `status = 'processing' AND
+extend its deadline (`heartbeat`, also saving a checkpoint or its progress); the worker ends it
+with a `Report`, which `finishing.finish_attempts` writes. Every write is guarded by `status = 'processing' AND
 lease_token = <the attempt's token>`, so an attempt that was rescued or stopped changes nothing.
 """
 
@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from ..exceptions import LeaseLost, NextStage
 from ..models import ScheduleCfg, Status, Task
+from .progress import Progress
 from .validation import json_text
 
 
@@ -132,10 +133,13 @@ class Report:
     written: dict[str, Any] | None = None  # the columns finish_attempts wrote, once accepted
 
 
-def heartbeat(task: ClaimedTask, *, checkpoint: Any = ..., now: datetime | None = None) -> datetime:
-    """Extend this attempt's deadline by its timeout (optionally saving a checkpoint); raises LeaseLost.
+def heartbeat(
+    task: ClaimedTask, *, checkpoint: Any = ..., progress: Progress | None = None, now: datetime | None = None
+) -> datetime:
+    """Extend this attempt's deadline by its timeout (optionally saving a checkpoint, progress); raises LeaseLost.
 
-    A checkpoint no database could store (see validation.json_text) raises InvalidTask, writing nothing.
+    One UPDATE, guarded by the attempt's lease. A checkpoint no database could store (see
+    validation.json_text) raises InvalidTask, writing nothing.
     """
     if checkpoint is not ...:
         json_text("checkpoint", checkpoint)
@@ -144,6 +148,8 @@ def heartbeat(task: ClaimedTask, *, checkpoint: Any = ..., now: datetime | None 
     changes: dict[str, Any] = {"lease_expires_at": deadline, "heartbeat_at": now, "updated_at": now}
     if checkpoint is not ...:
         changes["checkpoint"] = checkpoint
+    if progress is not None:
+        changes["progress"] = progress.stored(task.lease_token, now)
     updated = Task.objects.filter(id=task.id, status=Status.PROCESSING, lease_token=task.lease_token).update(**changes)
     if not updated:
         raise LeaseLost(f"task {task.id} attempt {task.attempt} no longer holds its lease")
@@ -165,8 +171,8 @@ class DatabaseChannel:
     def stop_requested(self) -> bool:
         return self.task.stop_requested.is_set()
 
-    def heartbeat(self, checkpoint: Any = ...) -> datetime:
-        return heartbeat(self.task, checkpoint=checkpoint)
+    def heartbeat(self, checkpoint: Any = ..., progress: Progress | None = None) -> datetime:
+        return heartbeat(self.task, checkpoint=checkpoint, progress=progress)
 
 
 def lost_attempts(attempts: list[ClaimedTask]) -> list[ClaimedTask]:

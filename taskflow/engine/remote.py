@@ -37,6 +37,7 @@ from .claiming import claim_batch
 from .configs import configs
 from .finishing import finish_attempts, handlers_returned
 from .limiter import Limiter
+from .progress import Progress
 from .transitions import worker_host
 from .validation import json_text, validate_task_type
 
@@ -294,26 +295,30 @@ def release(worker_id: str, helds: Sequence[Held]) -> list[Refused | None]:
     return finish(worker_id, [RemoteReport(h, Outcome.HANDBACK) for h in helds])
 
 
-def extend(worker_id: str, items: Sequence[tuple[Held, Any]]) -> list[datetime | Refused]:
+def extend(
+    worker_id: str, items: Sequence[tuple[Held, Any]], progress: Sequence[Progress | None] = ()
+) -> list[datetime | Refused]:
     """Extend each attempt's deadline by its timeout, saving its checkpoint if one is given (not `...`).
 
+    `progress`, if given, holds each item's progress (or None), saved in the same guarded UPDATE.
     Returns each attempt's new deadline, or why `worker_id` does not hold it. A checkpoint no
     database could store raises InvalidTask before anything is written.
     """
     for _, checkpoint in items:
         if checkpoint is not ...:
             json_text("checkpoint", checkpoint)
+    progress = list(progress) or [None] * len(items)
     now = timezone.now()
     attempts = _sorted_out(worker_id, [h for h, _ in items], now)
     _register(worker_id)
     deadlines: list[datetime | Refused] = []
     with transaction.atomic():
-        for (_, checkpoint), attempt in zip(items, attempts, strict=True):
+        for (_, checkpoint), shown, attempt in zip(items, progress, attempts, strict=True):
             if isinstance(attempt, Refused):
                 deadlines.append(attempt)
                 continue
             try:
-                deadlines.append(heartbeat(attempt, checkpoint=checkpoint, now=now))
+                deadlines.append(heartbeat(attempt, checkpoint=checkpoint, progress=shown, now=now))
             except LeaseLost:
                 deadlines.append(Refused.LEASE_LOST)
     return deadlines

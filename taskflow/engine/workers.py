@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from django.db.models.expressions import RawSQL
 
@@ -39,6 +40,12 @@ def beat(worker_id: str, host: str, task_types: list[str], concurrency: int, pid
 def liveness_cutoff() -> RawSQL:
     """The moment, by the database's clock, before which a worker's last beat means it is dead."""
     return sql.database_now(-get_settings().LIVENESS_TIMEOUT)
+
+
+def alive() -> list[dict[str, Any]]:
+    """The workers alive now, by the database's clock: worker_id, host, concurrency and task types of each."""
+    rows = WorkerProcess.objects.filter(heartbeat_at__gte=liveness_cutoff()).order_by("host", "worker_id")
+    return list(rows.values("worker_id", "host", "concurrency", "task_types"))
 
 
 def forget(worker_id: str) -> None:

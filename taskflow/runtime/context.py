@@ -9,10 +9,15 @@ with no settings and no database.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn, Protocol
 
-from ..exceptions import NextStage, PermanentFailure, Snooze
+from ..engine.progress import Progress, ProgressThrottle
+from ..exceptions import LeaseLost, NextStage, PermanentFailure, Snooze
+
+log = logging.getLogger("taskflow.worker")
 
 
 class AttemptChannel(Protocol):
@@ -26,8 +31,8 @@ class AttemptChannel(Protocol):
     def stop_requested(self) -> bool:
         """True once the attempt was taken away."""
 
-    def heartbeat(self, checkpoint: Any = ...) -> datetime:
-        """Extend the deadline (saving `checkpoint` unless it is `...`); LeaseLost if the task was taken away."""
+    def heartbeat(self, checkpoint: Any = ..., progress: Progress | None = None) -> datetime:
+        """Extend the deadline (saving `checkpoint` unless it is `...`, and `progress`); LeaseLost if taken away."""
 
 
 class AttemptData(Protocol):
@@ -58,6 +63,7 @@ class TaskContext:
 
             channel = DatabaseChannel(task)  # type: ignore[arg-type]
         self._channel = channel
+        self._progress = ProgressThrottle()
         self.task_id = task.id
         self.task_type = task.task_type
         self.key = task.key
@@ -89,12 +95,44 @@ class TaskContext:
 
     def heartbeat(self) -> None:
         """Extend this attempt's deadline by its timeout; raises LeaseLost if the task was taken away."""
-        self._channel.heartbeat()
+        self._channel.heartbeat(progress=self._progress.take())
 
     def save_checkpoint(self, value: Any) -> None:
         """Persist progress (JSON) so a later attempt can resume; also extends the deadline."""
-        self._channel.heartbeat(value)
+        self._channel.heartbeat(value, progress=self._progress.take())
         self.checkpoint = value
+
+    def progress(self, done: float, total: float, message: str = "") -> None:
+        """Say how far this attempt got (`done` of `total`, numbers >= 0, `message` up to 200 characters).
+
+        The console and the API show it; a new attempt starts with none. Call it as often as you
+        like: it is written at most once a second (with a heartbeat, which also extends the
+        deadline), and the last value when the handler returns. InvalidTask if malformed (done
+        above total, say); LeaseLost, as heartbeat(), when a write finds the task taken away.
+        """
+        due = self._progress.offer(done, total, message)
+        if due is not None:
+            self._channel.heartbeat(progress=due)
+
+    def run(self, handler: Callable[[TaskContext], Any]) -> Any:
+        """Call `handler` with this context; once it returns or raises, write its last progress (before the report)."""
+        try:
+            return handler(self)
+        finally:
+            self.flush_progress()
+
+    def flush_progress(self) -> None:
+        """Write the last progress not yet written (the throttle may have held it back)."""
+        pending = self._progress.take()
+        if pending is None:
+            return
+        try:
+            self._channel.heartbeat(progress=pending)
+        except LeaseLost:
+            pass  # the attempt was taken away: its report is refused too
+        except Exception as exc:
+            # The handler is done: what it returned or raised is the attempt's outcome, not this.
+            log.warning("task %s: its last progress was not written: %s", self.task_id, exc)
 
     def snooze(self, delay: float, reason: str = "") -> NoReturn:
         """End this attempt and run again after `delay` seconds (0 to a year), without using up an attempt.

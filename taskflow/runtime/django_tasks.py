@@ -9,6 +9,7 @@ else (retries, timeouts, limits, reporting) is the worker's as for any handler.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
@@ -20,6 +21,17 @@ from django.utils.json import normalize_json
 from ..engine import djangotasks, registry
 from ..exceptions import InvalidResult
 from .context import TaskContext
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressTaskContext(DjangoTaskContext):
+    """Django's TaskContext, plus `progress(done, total, message="")` as taskflow's own handlers have it."""
+
+    attempt_context: TaskContext = field(repr=False, compare=False)
+
+    def progress(self, done: float, total: float, message: str = "") -> None:
+        """Say how far this run got; shown by the console and the API (see TaskContext.progress)."""
+        self.attempt_context.progress(done, total, message)
 
 
 def run_django_task(ctx: TaskContext) -> Any:
@@ -38,7 +50,7 @@ def run_django_task(ctx: TaskContext) -> Any:
     task = result.task
     task_started.send(type(backend), task_result=result)
     if task.takes_context:
-        value = task.call(DjangoTaskContext(task_result=result), *result.args, **result.kwargs)
+        value = task.call(ProgressTaskContext(task_result=result, attempt_context=ctx), *result.args, **result.kwargs)
     else:
         value = task.call(*result.args, **result.kwargs)
     try:

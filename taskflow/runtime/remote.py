@@ -37,6 +37,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..engine import registry
+from ..engine.progress import Progress
 from ..exceptions import InvalidTask, LeaseLost, NextStage, PermanentFailure, Snooze
 from . import logs
 from .context import TaskContext
@@ -142,7 +143,7 @@ class RemoteAttempt:
 
 
 class HttpChannel:
-    """The remote worker's AttemptChannel: heartbeats and checkpoints go to the API, retried through outages."""
+    """The remote worker's AttemptChannel: heartbeats, checkpoints, progress go to the API, retried through outages."""
 
     def __init__(self, client: ApiClient, attempt: RemoteAttempt) -> None:
         self.client, self.attempt = client, attempt
@@ -155,13 +156,13 @@ class HttpChannel:
     def stop_requested(self) -> bool:
         return self.attempt.stop_requested.is_set()
 
-    def heartbeat(self, checkpoint: Any = ...) -> datetime:
+    def heartbeat(self, checkpoint: Any = ..., progress: Progress | None = None) -> datetime:
         if checkpoint is not ...:
             _json_text("checkpoint", checkpoint)
         pause = FIRST_BACKOFF
         while True:
             try:
-                return self._send(checkpoint)
+                return self._send(checkpoint, progress)
             except Unreachable as exc:
                 left = self.attempt.local_deadline - time.monotonic()
                 if left <= 0:
@@ -173,15 +174,17 @@ class HttpChannel:
                 time.sleep(min(pause, left))
                 pause = min(pause * 2, MAX_BACKOFF)
 
-    def _send(self, checkpoint: Any) -> datetime:
+    def _send(self, checkpoint: Any, progress: Progress | None) -> datetime:
         lost = LeaseLost(f"task {self.attempt.id} attempt {self.attempt.attempt} no longer holds its lease")
+        carried = {} if progress is None else {"progress": progress.as_json()}
         if checkpoint is ...:
-            [result] = self.client.batch("tasks/heartbeat/", [self.attempt.fence])
+            [result] = self.client.batch("tasks/heartbeat/", [{**self.attempt.fence, **carried}])
             if result.get("outcome") != "applied":
                 self.attempt.stop_requested.set()
                 raise lost
             return self.attempt.extended(result)
         body = {"lease": self.attempt.lease, "attempt_key": self.attempt.attempt_key, "checkpoint": checkpoint}
+        body.update(carried)
         try:
             answer = self.client.set_task(str(self.attempt.id), body)
         except AccessDenied as exc:
@@ -470,7 +473,7 @@ class RemoteWorker:
     def _run_handler(self, attempt: RemoteAttempt) -> RemoteReport:
         ctx = TaskContext(attempt, HttpChannel(self.client, attempt))
         try:
-            result = registry.get_handler(attempt.task_type)(ctx)
+            result = ctx.run(registry.get_handler(attempt.task_type))
             _json_text("result", result)
             item: dict[str, Any] = {**attempt.fence, "status": "success", "result": result}
         except Snooze as signal:

@@ -403,7 +403,7 @@ class Worker:
 
     def _outcome(self, task: ClaimedTask) -> Report:
         try:
-            result = registry.get_handler(task.task_type)(TaskContext(task, DatabaseChannel(task)))
+            result = TaskContext(task, DatabaseChannel(task)).run(registry.get_handler(task.task_type))
         except Snooze as signal:
             return Report(task, Outcome.SNOOZE, delay=signal.delay, error=signal.reason)
         except PermanentFailure as signal:

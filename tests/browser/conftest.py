@@ -164,6 +164,8 @@ def console(request: pytest.FixtureRequest, chromium, live_server, transactional
     if report is not None and report.failed:
         # What the browser showed when the test failed, kept with the other screenshots.
         page.screenshot(f"failed-{request.node.name}")
+    # A live page (taskflow/admin/live.py) would go on asking the server, which stops with the test.
+    chromium.get("about:blank")
 
 
 @pytest.fixture
