@@ -11,7 +11,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.dateparse import parse_datetime
@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from ..engine import rolling
+from ..engine import filtering, rolling
 from ..engine.dependencies import neighbours
 from ..engine.operations import applicable
 from ..engine.operations import revivals as revivals_of
@@ -35,7 +35,6 @@ from .filters import (
     StageFilter,
     TaskTypeFilter,
     WorkerFilter,
-    known_types,
 )
 from .history import history_view
 from .listing import CappedChangeList, ReadOnlyAdmin
@@ -169,13 +168,7 @@ class TaskAdmin(ReadOnlyAdmin):
         self, request: HttpRequest, queryset: QuerySet[Task], search_term: str
     ) -> tuple[QuerySet[Task], bool]:
         """Exact matches only, each answered by an index: id, key (the identity index), trace id, user id."""
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        match = Q(trace_id=term) | Q(user_id=term) | Q(task_type__in=known_types(), key=term)
-        if term.isdigit() and int(term) <= MAX_BIGINT:
-            match |= Q(pk=int(term))
-        return queryset.filter(match), False
+        return filtering.search(queryset, search_term), False
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
