@@ -27,9 +27,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Rows under their headers, columns padded to their widest cell; numeric columns right-aligned."""
     cells = [[cell(value) for value in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-    numeric = [
-        any(r[i] != EMPTY for r in cells) and all(_is_number(r[i]) for r in cells) for i in range(len(headers))
-    ]
+    numeric = [any(r[i] != EMPTY for r in cells) and all(_is_number(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(values: Sequence[str]) -> str:
         padded = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]

@@ -133,7 +133,7 @@ def status_text(report: dict[str, Any]) -> str:
     if f["workers"]:
         out.append(
             table(
-                ["HOST", "PID", "ALIVE", "LAST BEAT", "CONCURRENCY", "RUNNING", "TYPES", "WORKER"],
+                ["HOST", "PID", "ALIVE", "LAST BEAT", "CONCURRENCY", "RUNNING", "WORKER", "TYPES"],
                 [
                     [
                         w["host"],
@@ -142,14 +142,20 @@ def status_text(report: dict[str, Any]) -> str:
                         since(w["heartbeat_at"], now),
                         w["concurrency"],
                         w["running"],
-                        ",".join(w["task_types"]),
                         w["worker_id"],
+                        _some(w["task_types"]),
                     ]
                     for w in f["workers"]
                 ],
             )
         )
     return "\n".join(out)
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """A few names and how many more (a worker may serve dozens of types; --json lists them all)."""
+    more = len(names) - shown
+    return ",".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 # -- list ------------------------------------------------------------------------------------------

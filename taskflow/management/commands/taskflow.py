@@ -5,18 +5,29 @@ usage or input (one line on stderr, nothing changed).
 """
 
 import argparse
+import shlex
+import signal
 import sys
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
 from taskflow.cli import operating, reading
 from taskflow.cli.output import to_json
 from taskflow.cli.selection import TaskFilter, add_filter_arguments, integer, moment, task_id
-from taskflow.exceptions import InvalidTask
+from taskflow.cli.supervisor import Child, Supervisor, manage_command
+from taskflow.conf import get_settings
+from taskflow.engine import registry
+from taskflow.exceptions import InvalidTask, UnknownTaskType
 from taskflow.models import Task
+from taskflow.runtime.django_tasks import select_task_types
 
 OK, PARTIAL, USAGE = 0, 1, 2
+STOP_MARGIN = 5.0  # seconds a stopping worker gets beyond its grace to hand back its tasks and exit
 
 
 class OneLineParser(CommandParser):
@@ -48,7 +59,10 @@ def seconds(text: str) -> float:
 
 
 class Command(BaseCommand):
-    help = "Operate taskflow: status, list, show, retry, terminate, reschedule, priority, max-retries, pause, resume."
+    help = (
+        "Operate taskflow: status, list, show, retry, terminate, reschedule, priority, max-retries, pause, resume; "
+        "run (workers and the watcher, supervised)."
+    )
     exit_status = OK
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
@@ -59,9 +73,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         subs = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND", parser_class=OneLineParser)
 
-        def sub(name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002
+        def sub(name: str, help: str, json: bool = True) -> argparse.ArgumentParser:  # noqa: A002
             p = subs.add_parser(name, help=help, description=help)
-            p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+            if json:
+                p.add_argument("--json", action="store_true", help="print JSON instead of a table")
             # Django's own options, also after the subcommand (default=SUPPRESS keeps the main parser's values).
             p.add_argument("--settings", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
             p.add_argument("--pythonpath", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -97,6 +112,24 @@ class Command(BaseCommand):
             p = sub(name, op.help)
             p.add_argument("types", nargs="+", metavar="TYPE")
             self.operation_arguments(p)
+
+        p = sub("run", "run and supervise N taskworker processes and one taskwatch", json=False)
+        p.add_argument("--workers", type=positive_int, default=1, metavar="N", help="taskworker processes (1)")
+        p.add_argument("--concurrency", type=positive_int, metavar="N", help="each worker's handler threads")
+        p.add_argument("--types", default="", help="each worker's task types (as taskworker --types)")
+        p.add_argument("--queues", default="", help="each worker's django.tasks queues (as taskworker --queues)")
+        p.add_argument("--grace", type=seconds, help="seconds running tasks get on shutdown (SHUTDOWN_GRACE)")
+        p.add_argument("--worker-args", default="", metavar="ARGS", help='more taskworker options, e.g. "--burst"')
+        p.add_argument("--watch-args", default="", metavar="ARGS", help='taskwatch options, e.g. "--interval 2"')
+        p.add_argument("--no-watch", action="store_true", help="run no taskwatch (another host runs one)")
+        p.add_argument("--reload", action="store_true", help="restart every process when a .py file changes")
+        p.add_argument(
+            "--reload-dir",
+            action="append",
+            type=Path,
+            metavar="DIR",
+            help="watch this folder (repeatable; implies --reload; default the project's BASE_DIR)",
+        )
 
     def operation_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
@@ -143,6 +176,47 @@ class Command(BaseCommand):
             return PARTIAL
         self.write(options, page, reading.page_text(page))
         return OK
+
+    def run(self, options: dict[str, Any]) -> int:
+        types = [t.strip() for t in options["types"].split(",") if t.strip()]
+        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
+        try:
+            # What each worker would refuse (Worker: a type without a handler, or none at all), refused once here.
+            for task_type in select_task_types(types, queues) or registry.registered_types() or [None]:
+                if task_type is None:
+                    raise ValueError("no task types to work on: register handlers or pass --types")
+                registry.get_handler(task_type)
+            worker_args = shlex.split(options["worker_args"])
+            watch_args = shlex.split(options["watch_args"])
+        except (UnknownTaskType, ValueError) as exc:
+            raise CommandError(f"run: {exc}", returncode=USAGE) from None
+        for name in ("concurrency", "types", "queues", "grace"):
+            if options[name]:
+                worker_args[:0] = [f"--{name}", str(options[name])]
+        if not self._called_from_command_line:
+            # The children are started as this process was (manage.py, django-admin, python -m django).
+            raise CommandError("run: start it from the command line: manage.py taskflow run", returncode=USAGE)
+        workers = range(1, options["workers"] + 1)
+        children = [Child(f"worker-{n}", manage_command("taskworker", *worker_args)) for n in workers]
+        if not options["no_watch"]:
+            children.append(Child("taskwatch", manage_command("taskwatch", *watch_args)))
+        reload_dirs = options["reload_dir"] or []
+        if options["reload"] and not reload_dirs:
+            reload_dirs = [Path(getattr(settings, "BASE_DIR", None) or Path.cwd())]
+        grace = options["grace"] if options["grace"] is not None else get_settings().SHUTDOWN_GRACE
+        supervisor = Supervisor(children, grace=grace + STOP_MARGIN, say=self.say, reload_dirs=reload_dirs)
+        if reload_dirs:
+            self.say(f"watching .py files under {', '.join(map(str, reload_dirs))}")
+        connections.close_all()  # the children have their own; this one would idle for as long as they run
+        signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.request_stop())
+        signal.signal(signal.SIGINT, lambda signum, frame: supervisor.request_stop())
+        supervisor.run()
+        self.say("stopped")
+        return OK
+
+    def say(self, message: str) -> None:
+        self.stdout.write(f"{datetime.now():%H:%M:%S} taskflow run: {message}")
+        self.stdout.flush()
 
     def operate_tasks(self, op: operating.Operation, name: str, options: dict[str, Any]) -> int:
         selection = TaskFilter.from_options(options)
