@@ -11,10 +11,10 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from ..engine import pausing
 from ..models import ScheduleCfg, Status, Task
 from . import display
 from .listing import CappedChangeList, ConsoleAdmin
@@ -106,7 +106,8 @@ class ScheduleCfgAdmin(ConsoleAdmin):
 
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[ScheduleCfg], paused: bool) -> None:
         changing = list(queryset.exclude(paused=paused))
-        ScheduleCfg.objects.filter(pk__in=[c.pk for c in changing]).update(paused=paused, updated_at=timezone.now())
+        set_paused = pausing.pause if paused else pausing.resume
+        set_paused([c.task_type for c in changing], by=request.user)
         verb = "paused" if paused else "resumed"
         for cfg in changing:
             self.log_change(request, cfg, [{"changed": {"fields": ["paused"]}}])

@@ -1,10 +1,7 @@
-"""The task list's filters, each one answered by an index (see docs/console.md, "Indexes").
+"""The task list's filters: the sidebar's inputs over the engine's filter rules (engine/filtering.py).
 
 Choices come from small tables (ScheduleCfg for types, WorkerProcess for workers), never from a
-DISTINCT over the task table. A filter on a column that leads no index of its own (stage,
-priority, created time) also names every known task type (`task_type IN (...)`, from the tiny
-config table): the database then reads one short range per type of a `(task_type, column)` index
-instead of the whole table.
+DISTINCT over the task table; every filter is answered by an index (see docs/console.md).
 """
 
 from __future__ import annotations
@@ -19,25 +16,18 @@ from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
-from ..engine.validation import MAX_PRIORITY, MIN_PRIORITY
-from ..models import ScheduleCfg, Status, WorkerProcess
+from ..engine import filtering
+from ..engine.filtering import known_types
+from ..exceptions import InvalidTask
+from ..models import WorkerProcess
 
 TYPE_PARAM = "task_type"
-FINISHED = (Status.SUCCESS, Status.FAILED, Status.STOPPED)
 
 
-def known_types() -> list[str]:
-    """Every task type ever enqueued: enqueue creates its ScheduleCfg row (the console keeps it)."""
-    return list(ScheduleCfg.objects.order_by("task_type").values_list("task_type", flat=True))
-
-
-def by_type(queryset: QuerySet, request: HttpRequest) -> QuerySet:
-    """`queryset` limited to the known types, unless the type filter already picked one."""
-    if request.GET.get(TYPE_PARAM):
-        return queryset
-    return queryset.filter(task_type__in=known_types())
+def chosen_types(request: HttpRequest) -> list[str]:
+    """The type the type filter picked, if any (the engine's rules then need not name every known type)."""
+    return [request.GET[TYPE_PARAM]] if request.GET.get(TYPE_PARAM) else []
 
 
 class TaskTypeFilter(admin.SimpleListFilter):
@@ -54,10 +44,8 @@ class TaskTypeFilter(admin.SimpleListFilter):
 
 
 class WorkerFilter(admin.SimpleListFilter):
-    """What one worker runs now: its processing tasks, a prefix of the claim index."""
+    """What one worker runs now (engine/filtering.py: running_on)."""
 
-    # Finished tasks keep their last worker too, but finding those would need an index on
-    # worker_id, which every claim would rewrite; "which machine runs what" needs only this.
     title = "running on worker"
     parameter_name = "worker"
 
@@ -68,9 +56,7 @@ class WorkerFilter(admin.SimpleListFilter):
         return [(w, w) for w in workers]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if not self.value():
-            return queryset
-        return queryset.filter(status=Status.PROCESSING, worker_id=self.value())
+        return filtering.running_on(queryset, self.value()) if self.value() else queryset
 
 
 class InputFilter(admin.ListFilter):
@@ -130,7 +116,7 @@ class StageFilter(InputFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         if "stage" not in self.used_parameters:
             return queryset
-        return by_type(queryset, request).filter(stage=self.used_parameters["stage"])
+        return filtering.at_stage(queryset, self.used_parameters["stage"], chosen_types(request))
 
 
 class PriorityRangeFilter(InputFilter):
@@ -141,15 +127,17 @@ class PriorityRangeFilter(InputFilter):
         return [("raised (> 0)", {"priority_min": "1"}), ("lowered (< 0)", {"priority_max": "-1"})]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        bounds = {}
-        for name, lookup in (("priority_min", "priority__gte"), ("priority_max", "priority__lte")):
+        bounds: dict[str, int | None] = {}
+        for name in ("priority_min", "priority_max"):
+            bounds[name] = None
             if name in self.used_parameters:
                 try:
-                    value = int(self.used_parameters[name])
+                    bounds[name] = int(self.used_parameters[name])
                 except ValueError:
                     raise IncorrectLookupParameters(f"{name} must be an integer") from None
-                bounds[lookup] = max(MIN_PRIORITY - 1, min(MAX_PRIORITY + 1, value))
-        return by_type(queryset, request).filter(**bounds) if bounds else queryset
+        return filtering.priority_between(
+            queryset, bounds["priority_min"], bounds["priority_max"], chosen_types(request)
+        )
 
 
 class TimeRangeFilter(InputFilter):
@@ -177,19 +165,20 @@ class TimeRangeFilter(InputFilter):
             )
         ]
 
-    def bounds(self) -> dict[str, datetime]:
-        (start, _, _), (end, _, _) = self.inputs
-        out = {}
-        for name, lookup in ((start, "gte"), (end, "lte")):
-            if name in self.used_parameters:
-                out[f"{self.field}__{lookup}"] = parse_time(name, self.used_parameters[name])
-        return out
+    def bounds(self) -> tuple[datetime | None, datetime | None]:
+        """(from, to) as typed; either may be None."""
+        return tuple(  # type: ignore[return-value]
+            parse_time(name, self.used_parameters[name]) if name in self.used_parameters else None
+            for name, _, _ in self.inputs
+        )
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        bounds = self.bounds()
-        return self.indexed(queryset, request).filter(**bounds) if bounds else queryset
+        start, end = self.bounds()
+        return self.between(queryset, request, start, end) if (start or end) else queryset
 
-    def indexed(self, queryset: QuerySet, request: HttpRequest) -> QuerySet:
+    def between(
+        self, queryset: QuerySet, request: HttpRequest, start: datetime | None, end: datetime | None
+    ) -> QuerySet:
         raise NotImplementedError
 
 
@@ -197,25 +186,25 @@ class CreatedRangeFilter(TimeRangeFilter):
     title = "created"
     field = "created_at"
 
-    def indexed(self, queryset: QuerySet, request: HttpRequest) -> QuerySet:
-        return by_type(queryset, request)  # (task_type, created_at)
+    def between(
+        self, queryset: QuerySet, request: HttpRequest, start: datetime | None, end: datetime | None
+    ) -> QuerySet:
+        return filtering.created_between(queryset, start, end, chosen_types(request))
 
 
 class FinishedRangeFilter(TimeRangeFilter):
     title = "finished"
     field = "finished_at"
 
-    def indexed(self, queryset: QuerySet, request: HttpRequest) -> QuerySet:
-        # (status, finished_at): only finished tasks have a finish time.
-        return queryset.filter(status__in=FINISHED)
+    def between(
+        self, queryset: QuerySet, request: HttpRequest, start: datetime | None, end: datetime | None
+    ) -> QuerySet:
+        return filtering.finished_between(queryset, start, end)
 
 
 def parse_time(name: str, text: str) -> datetime:
-    """A typed date and time ("2026-05-01T12:30", seconds optional), in the current time zone."""
+    """A typed date and time, in the current time zone (engine/filtering.py); a bad one is the list's error."""
     try:
-        value = parse_datetime(text)
-    except ValueError:
-        value = None
-    if value is None:
-        raise IncorrectLookupParameters(f"{name}: not a date and time: {text!r}")
-    return timezone.make_aware(value) if timezone.is_naive(value) else value
+        return filtering.parse_time(name, text)
+    except InvalidTask as exc:
+        raise IncorrectLookupParameters(str(exc)) from None

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.dateparse import parse_datetime
@@ -19,8 +19,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from ..engine import filtering, rolling
 from ..engine import progress as progress_rules
-from ..engine import rolling
 from ..engine.configs import configs
 from ..engine.dependencies import neighbours
 from ..engine.operations import applicable
@@ -37,7 +37,6 @@ from .filters import (
     StageFilter,
     TaskTypeFilter,
     WorkerFilter,
-    known_types,
 )
 from .history import history_view
 from .listing import CappedChangeList, ReadOnlyAdmin
@@ -188,10 +187,7 @@ class TaskAdmin(ReadOnlyAdmin):
                     f"(ids from {bound}); filter by type and created time to search older ones.",
                 )
             return found, False
-        match = Q(trace_id=term) | Q(user_id=term) | Q(task_type__in=known_types(), key=term)
-        if term.isdigit() and int(term) <= MAX_BIGINT:
-            match |= Q(pk=int(term))
-        return queryset.filter(match), False
+        return filtering.search(queryset, term), False
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {**(extra_context or {}), **live("#changelist-form")})
