@@ -17,21 +17,21 @@ from django.utils import timezone
 
 from ..exceptions import InvalidTask
 from ..models import ScheduleCfg, TaskEvent
-from .operations import OperationResult, actor_name
+from .operations import Actor, OperationResult, actor_name
 
 
-def pause(task_types: Iterable[str], *, by: Any, reason: str = "", dry_run: bool = False) -> OperationResult:
+def pause(task_types: Iterable[str], *, by: Actor, reason: str = "", dry_run: bool = False) -> OperationResult:
     """Pause these task types (each must be known: enqueued once, or configured); already paused ones are skipped."""
     return _set_paused("pause", task_types, True, by=by, reason=reason, dry_run=dry_run)
 
 
-def resume(task_types: Iterable[str], *, by: Any, reason: str = "", dry_run: bool = False) -> OperationResult:
+def resume(task_types: Iterable[str], *, by: Actor, reason: str = "", dry_run: bool = False) -> OperationResult:
     """Resume these paused task types; ones not paused are skipped."""
     return _set_paused("resume", task_types, False, by=by, reason=reason, dry_run=dry_run)
 
 
 def _set_paused(
-    action: str, task_types: Iterable[str], paused: bool, *, by: Any, reason: str, dry_run: bool
+    action: str, task_types: Iterable[str], paused: bool, *, by: Actor, reason: str, dry_run: bool
 ) -> OperationResult:
     actor = actor_name(by)
     if not isinstance(reason, str):
