@@ -10,7 +10,6 @@ guarded UPDATE (expecting the type's current state) and a TaskEvent about no tas
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
