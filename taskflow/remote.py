@@ -22,6 +22,7 @@ from .engine import registry
 from .exceptions import UnknownTaskType
 from .runtime.remote import RemoteWorker
 from .runtime.remote_client import AccessDenied, ApiClient, ApiError
+from .runtime.runner import WorkerFailed
 
 
 def _positive_int(text: str) -> int:
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"the server refused the token ({exc.status}): check the token and its hold_task permission")
     except ApiError as exc:
         return _fail(str(exc))
+    except WorkerFailed as exc:
+        # One line and a non-zero exit, so a supervisor restarts it (stuck handlers, a dead thread).
+        print(f"taskflow.remote: {exc}", file=sys.stderr)
+        return 1
     return 1 if worker.lost else 0
 
 
