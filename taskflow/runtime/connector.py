@@ -34,10 +34,14 @@ class ChannelFailed(Exception):
 
 @dataclass
 class Claim:
-    """What one claim round got: attempts to run, and when (time.monotonic()) to claim again at the latest."""
+    """What one claim round got: attempts in claim order, and when (time.monotonic()) to claim again at the latest.
+
+    `reserved`: those of them claimed ahead and not started (Connector.start starts them).
+    """
 
     attempts: list[Any] = field(default_factory=list)
     next_look: float = 0.0
+    reserved: list[Any] = field(default_factory=list)
 
 
 # Called by `Connector.report` as reports are settled: (the settled reports, those of them applied).
@@ -63,8 +67,15 @@ class Connector(Protocol):
     def halt(self) -> None:
         """Stop beating at once (any thread): the worker is failing, its attempts will be rescued."""
 
-    def claim(self, room: int, capacity: int, busy: bool) -> Claim:
-        """Claim up to `room` due attempts (`capacity`: the most the worker runs at once; `busy`: some run now)."""
+    def claim(self, room: int, ahead: int, capacity: int, busy: bool) -> Claim:
+        """Claim up to `room` due attempts for free threads and `ahead` more to run after them.
+
+        `capacity`: the most the worker runs at once; `busy`: some run now. Attempts claimed ahead
+        may be reserved (not started: a worker that dies hands them back uncounted).
+        """
+
+    def start(self, reserved: list[Any]) -> list[Any]:
+        """Start these reserved attempts as they go to threads; returns those still held (now started)."""
 
     def between_claims(self, held: list[Any]) -> None:
         """Called on the claim loop between claims and while stopping, with every attempt held and unsettled."""

@@ -311,8 +311,9 @@ class HttpConnector:
 
     # -- holding -------------------------------------------------------------------------------
 
-    def claim(self, room: int, capacity: int, busy: bool) -> Claim:
-        """Hold as many due tasks as there is room for."""
+    def claim(self, room: int, ahead: int, capacity: int, busy: bool) -> Claim:
+        """Hold as many due tasks as there is room for, ahead too: a hold starts its attempts (it counts them)."""
+        room += ahead
         now = time.monotonic()
         # Woken early when a thread frees up, or on a stop; never past a beat.
         next_look = now + min(self.poll_interval, max(0.05, self._last_beat + self.beat_interval - now))
@@ -332,6 +333,9 @@ class HttpConnector:
             raise self._failed(exc) from None
         attempts = [RemoteAttempt.from_json(task, asked_at, server_now) for task in tasks]
         return Claim(attempts, now if len(attempts) == limit else next_look)
+
+    def start(self, reserved: list[RemoteAttempt]) -> list[RemoteAttempt]:
+        return reserved  # never reserved: a hold starts its attempts
 
     # -- liveness ------------------------------------------------------------------------------
 
@@ -484,7 +488,10 @@ class RemoteWorker(Runner):
         beat_interval: float = 5.0,
         flush_timeout: float = 60.0,
         max_stuck: int | None = None,
+        prefetch: int = 0,
     ) -> None:
+        """`prefetch`: tasks held ahead of free threads (0 by default: a hold counts its attempts, so a
+        remote worker that dies would have them rescued as failed attempts, not handed back)."""
         self.client = client
         self.connector: HttpConnector = HttpConnector(client, poll_interval=poll_interval, beat_interval=beat_interval)
         super().__init__(
@@ -495,6 +502,7 @@ class RemoteWorker(Runner):
             grace=grace,
             max_stuck=max_stuck,
             flush_timeout=flush_timeout,
+            prefetch=prefetch,
         )
 
     @property

@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,10 @@ from .context import TaskContext
 
 log = logging.getLogger("taskflow.worker")
 
+# Defaults of the TASKFLOW settings of the same names (conf.py), which the remote worker has not.
+PREFETCH = 256  # attempts claimed ahead of free threads, at most
+PREFETCH_WAIT = 1.0  # seconds an attempt claimed ahead may wait unstarted before it is handed back
+
 
 class WorkerFailed(RuntimeError):
     """The worker could not go on (one of its threads died or kept failing): restart it."""
@@ -59,6 +64,8 @@ class Job:
     """One attempt the worker holds, from its claim until its report is settled."""
 
     attempt: Any
+    reserved: bool = False  # claimed ahead and not started yet: the connector starts it before it runs
+    held_since: float = 0.0  # time.monotonic() of its claim
     running: bool = False  # its handler started and has not returned
     stuck: bool = False  # written off past its deadline while its handler runs on
     reported: bool = False  # its end was reported when it was written off: the handler's late one is dropped
@@ -79,6 +86,8 @@ class Runner:
         max_stuck: int | None,
         flush_timeout: float,
         report_interval: float = 0.005,
+        prefetch: int = PREFETCH,
+        prefetch_wait: float = PREFETCH_WAIT,
     ) -> None:
         types = list(task_types) if task_types else registry.registered_types()
         for task_type in types:
@@ -87,6 +96,8 @@ class Runner:
             raise ValueError("no task types to work on: register handlers or pass --types")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch < 0:
+            raise ValueError("prefetch must be 0 or more")
         self.connector = connector
         self.task_types = types
         self.concurrency = concurrency
@@ -96,6 +107,13 @@ class Runner:
         self.max_stuck = concurrency if max_stuck is None else max_stuck
         self.flush_timeout = flush_timeout
         self.report_interval = report_interval
+        # Claim-ahead: up to `prefetch` attempts beyond the free threads, as many as the threads
+        # started in the last quarter of `prefetch_wait` (so slow handlers get none), each handed
+        # back if it waits longer than `prefetch_wait` unstarted.
+        self.prefetch = prefetch
+        self.prefetch_wait = prefetch_wait
+        self._buffer: deque[Job] = deque()  # claimed, not yet given to a thread (claim order)
+        self._recent: deque[tuple[float, int]] = deque()  # (when, how many) attempts went to threads
 
         self._stopping = threading.Event()  # stop claiming; hand back what has not started
         self._done = threading.Event()  # every thread should exit
@@ -205,11 +223,14 @@ class Runner:
     def _claim_step(self) -> bool:
         """One claim round, then wait until the next is due; False when a burst worker is done."""
         self._release_stuck()
+        self._hand_back_stale()
         # Sampled before the round: a report settled during it may have requeued work.
-        idle = self.in_flight == 0 and self.unreported == 0
+        idle = self.in_flight == 0 and self.unreported == 0 and not self._buffer
         self.connector.prepare()
         try:
+            self._dispatch()
             claim = self._claim()
+            self._dispatch()
         except ChannelFailed as exc:
             self._fail(exc.error)
             return False
@@ -227,17 +248,65 @@ class Runner:
         in_flight = self.in_flight
         # A thread is free again when its handler returns; results still being sent are capped
         # separately, so a slow or unreachable store stops claims, not handlers.
-        room = self.concurrency - in_flight if self.unreported < 2 * self.concurrency else 0
-        claim = self.connector.claim(max(0, room), self.concurrency, in_flight > 0)
+        if self.unreported >= 2 * (self.concurrency + self.prefetch):
+            room = ahead = 0
+        else:
+            room = max(0, self.concurrency - in_flight - len(self._buffer))
+            ahead = max(0, self._ahead() - max(0, len(self._buffer) - (self.concurrency - in_flight)))
+        claim = self.connector.claim(room, ahead, self.concurrency, in_flight > 0)
         if claim.attempts:
-            jobs = [Job(attempt) for attempt in claim.attempts]
+            now = time.monotonic()
+            reserved = {id(a) for a in claim.reserved}
+            jobs = [Job(a, reserved=id(a) in reserved, held_since=now) for a in claim.attempts]
             with self._lock:
-                self._in_flight += len(jobs)
                 for job in jobs:
                     self._held[id(job.attempt)] = job
-            for job in jobs:
-                self._jobs.put(job)
+            self._buffer.extend(jobs)
         return claim
+
+    def _ahead(self) -> int:
+        """How many attempts to claim ahead of free threads: as many as went to threads lately, up to prefetch.
+
+        "Lately" is a quarter of prefetch_wait, so at the current pace an attempt claimed ahead waits
+        about that long, well within the bound after which it is handed back.
+        """
+        if not self.prefetch:
+            return 0
+        since = time.monotonic() - self.prefetch_wait / 4
+        while self._recent and self._recent[0][0] < since:
+            self._recent.popleft()
+        return min(self.prefetch, sum(n for _, n in self._recent))
+
+    def _dispatch(self) -> None:
+        """Give claimed attempts to free threads, in claim order (reserved ones started by the connector first)."""
+        free = self.concurrency - self.in_flight
+        if free <= 0 or not self._buffer:
+            return
+        jobs = [self._buffer.popleft() for _ in range(min(free, len(self._buffer)))]
+        reserved = [j.attempt for j in jobs if j.reserved]
+        started = {id(a) for a in self.connector.start(reserved)} if reserved else set()
+        ready: list[Job] = []
+        for job in jobs:
+            if (job.reserved and id(job.attempt) not in started) or job.attempt.stop_requested.is_set():
+                self._queue_report(Report(job.attempt, Outcome.LOST))  # taken away while it waited
+            else:
+                job.reserved = False
+                ready.append(job)
+        with self._lock:
+            self._in_flight += len(ready)
+        for job in ready:
+            self._jobs.put(job)
+        self._recent.append((time.monotonic(), len(ready)))
+
+    def _hand_back_stale(self) -> None:
+        """Hand back attempts claimed ahead that waited unstarted over prefetch_wait: other workers may run them."""
+        cutoff = time.monotonic() - self.prefetch_wait
+        stale = 0
+        while self._buffer and self._buffer[0].held_since < cutoff:
+            self._queue_report(Report(self._buffer.popleft().attempt, Outcome.HANDBACK))
+            stale += 1
+        if stale:
+            log.info("handed back %d task(s) claimed ahead that waited %.1fs unstarted", stale, self.prefetch_wait)
 
     # -- running handlers -------------------------------------------------------------------------
 
@@ -407,6 +476,8 @@ class Runner:
 
     def _hand_back_unstarted(self) -> None:
         """Hand back the attempts claimed and not started (their attempt is not counted)."""
+        while self._buffer:
+            self._queue_report(Report(self._buffer.popleft().attempt, Outcome.HANDBACK))
         while True:
             try:
                 job = self._jobs.get_nowait()

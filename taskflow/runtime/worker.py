@@ -26,7 +26,7 @@ from django.utils import timezone
 from ..conf import get_settings
 from ..engine import registry, validation, wakeup
 from ..engine.attempts import ClaimedTask, DatabaseChannel, Outcome, Report, lost_attempts
-from ..engine.claiming import claim_batch
+from ..engine.claiming import claim_batch, start_reserved
 from ..engine.configs import configs
 from ..engine.finishing import finish_attempts
 from ..engine.limiter import Limiter
@@ -128,10 +128,13 @@ class DatabaseConnector:
 
     # -- claiming ------------------------------------------------------------------------------
 
-    def claim(self, room: int, capacity: int, busy: bool) -> Claim:
+    def claim(self, room: int, ahead: int, capacity: int, busy: bool) -> Claim:
         self._add_new_types()
-        tasks, soonest = self._claim_round(room, capacity, busy)
-        return Claim(tasks, soonest)
+        tasks, reserved, soonest = self._claim_round(room, capacity, busy, ahead)
+        return Claim(tasks, soonest, reserved)
+
+    def start(self, reserved: list[ClaimedTask]) -> list[ClaimedTask]:
+        return start_reserved(reserved)
 
     def between_claims(self, held: list[Any]) -> None:
         """Nothing to do: the liveness beat has a thread of its own."""
@@ -152,12 +155,20 @@ class DatabaseConnector:
                 self._liveness.task_types = worker.task_types
             log.info("worker %s now also serves %s", self.worker_id, ",".join(new))
 
-    def _claim_round(self, room: int, capacity: int, busy: bool) -> tuple[list[ClaimedTask], float]:
-        """Claim for every type that is due; returns what was claimed, and when next to look."""
+    def _claim_round(
+        self, room: int, capacity: int, busy: bool, ahead: int = 0
+    ) -> tuple[list[ClaimedTask], list[ClaimedTask], float]:
+        """Claim for every type that is due; returns what was claimed, what of it is reserved, and when next to look.
+
+        Tasks of a limited type are never claimed ahead: a reserved task would hold a slot of its
+        limit while no handler runs it, and slots are what limited types are short of.
+        """
         task_types = self.worker.task_types
         cfgs = configs.get_many(task_types)
+        limits_all = get_settings().GLOBAL_CONCURRENCY_LIMIT > 0
         now = time.monotonic()
         claimed: list[ClaimedTask] = []
+        reserved: list[ClaimedTask] = []
         soonest = now + 1.0
         with self._lock:
             woken, self._woken = self._woken, set()
@@ -177,32 +188,39 @@ class DatabaseConnector:
             if cfg.paused or not due:
                 soonest = min(soonest, self._next_poll[task_type]) if not cfg.paused else soonest
                 continue
-            free = room - len(claimed)
+            limited = limits_all or cfg.concurrency_limit > 0
+            free = max(0, room - (len(claimed) - len(reserved)))
+            extra = 0 if limited else max(0, ahead - len(reserved))
             # While work is still running, wait for a worthwhile batch of free slots: claiming a
             # few tasks at a time would spend the worker on claim round trips instead of tasks.
             worthwhile = max(1, min(cfg.schedule_limit, capacity) // 4)
-            if free <= 0 or ((busy or claimed) and free < worthwhile and task_type in self._backlog):
+            if free + extra <= 0 or ((busy or claimed) and free + extra < worthwhile and task_type in self._backlog):
                 self._backlog.add(task_type)  # a freed thread or a settled report wakes the loop
                 continue
-            wanted = min(free, cfg.schedule_limit)
-            grant = self.limiter.take(task_type, wanted, cfg.concurrency_limit)
+            wanted = min(free + extra, cfg.schedule_limit)
+            to_start = min(free, wanted)
             tasks: list[ClaimedTask] = []
-            try:
-                tasks = claim_batch(
-                    cfg,
-                    grant.slots,
-                    self.worker_id,
-                    host=self.host,
-                    exact_limit=self.limiter.exact_db_limit(cfg.concurrency_limit),
-                )
-            finally:
-                self.limiter.confirm(grant, tasks)
+            if limited:
+                grant = self.limiter.take(task_type, wanted, cfg.concurrency_limit)
+                try:
+                    tasks = claim_batch(
+                        cfg,
+                        grant.slots,
+                        self.worker_id,
+                        host=self.host,
+                        exact_limit=self.limiter.exact_db_limit(cfg.concurrency_limit),
+                    )
+                finally:
+                    self.limiter.confirm(grant, tasks)
+            else:
+                tasks = claim_batch(cfg, to_start, self.worker_id, host=self.host, reserve=wanted - to_start)
+                reserved += tasks[to_start:]
             claimed += tasks
             # A full batch means more is probably waiting: claim again when slots free up, or at
             # once if a worthwhile number are still free.
             if tasks and len(tasks) == wanted:
                 self._backlog.add(task_type)
-                if room - len(claimed) >= worthwhile:
+                if room + ahead - len(claimed) >= worthwhile:
                     soonest = now
             else:
                 self._backlog.discard(task_type)
@@ -211,7 +229,7 @@ class DatabaseConnector:
                 # once) do not bring workers back into step.
                 self._next_poll[task_type] = now + interval * (0.9 + 0.2 * random.random())
             soonest = min(soonest, self._next_poll[task_type])
-        return claimed, soonest
+        return claimed, reserved, soonest
 
     # -- running and reporting -----------------------------------------------------------------
 
@@ -276,6 +294,7 @@ class Worker(Runner):
         worker_id: str | None = None,
         max_stuck: int | None = None,
         select_types: Callable[[], list[str]] | None = None,
+        prefetch: int | None = None,
     ) -> None:
         """`select_types`: how the task types were chosen, asked again every CONFIG_REFRESH for new ones
         (a django.tasks queue first used after the worker started, say)."""
@@ -293,4 +312,6 @@ class Worker(Runner):
             max_stuck=max_stuck,
             flush_timeout=10.0,
             report_interval=settings.REPORT_INTERVAL,
+            prefetch=settings.PREFETCH if prefetch is None else prefetch,
+            prefetch_wait=settings.PREFETCH_WAIT,
         )
