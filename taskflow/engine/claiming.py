@@ -109,7 +109,8 @@ def start_reserved(tasks: list[ClaimedTask], now: datetime | None = None) -> lis
         if sql.mark_started(table, ids, token, now) == len(ids):
             started += group
         else:
-            held = sql.ids_started_at(table, ids, token, now)
+            # Some were taken away; or this is a retry after an outage hid a start that landed.
+            held = sql.ids_held(table, ids, token)
             started += [t for t in group if t.id in held]
     for task in started:
         task.claimed_at = now

@@ -532,15 +532,15 @@ def mark_started(table: str, ids: Sequence[int], token: int, now: datetime) -> i
         return cursor.rowcount
 
 
-def ids_started_at(table: str, ids: Sequence[int], token: int, now: datetime) -> set[int]:
-    """Which of these tasks mark_started started at `now` (still processing under `token`)."""
+def ids_held(table: str, ids: Sequence[int], token: int) -> set[int]:
+    """Which of these tasks are still processing under `token` (held by the attempt that token names)."""
     qn = quote
     marks = ", ".join(["%s"] * len(ids))
     sql = (
         f"SELECT {qn('id')} FROM {qn(table)} WHERE {qn('id')} IN ({marks}) AND {qn('status')} = %s "
-        f"AND {qn('lease_token')} = %s AND {qn('started_at')} = %s"
+        f"AND {qn('lease_token')} = %s"
     )
-    params = [*ids, Status.PROCESSING.value, token, connection.ops.adapt_datetimefield_value(now)]
+    params = [*ids, Status.PROCESSING.value, token]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return {row[0] for row in cursor.fetchall()}

@@ -284,7 +284,11 @@ class Runner:
             return
         jobs = [self._buffer.popleft() for _ in range(min(free, len(self._buffer)))]
         reserved = [j.attempt for j in jobs if j.reserved]
-        started = {id(a) for a in self.connector.start(reserved)} if reserved else set()
+        try:
+            started = {id(a) for a in self.connector.start(reserved)} if reserved else set()
+        except BaseException:
+            self._buffer.extendleft(reversed(jobs))  # still held, in order: started at the next try
+            raise
         ready: list[Job] = []
         for job in jobs:
             if (job.reserved and id(job.attempt) not in started) or job.attempt.stop_requested.is_set():
