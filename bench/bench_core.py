@@ -204,7 +204,7 @@ class Bench:
             wall = time.monotonic() - committed
         finally:
             self.pool.stop(procs)
-        label = f"drain, warm workers, 2x C={concurrency}"
+        label = f"drain, warm workers, 2x C={concurrency or 'default'}"
         self.record_drain(label, concurrency, run, wall, done, target=True)
 
     def drain_burst(self, concurrency: int, run: int) -> None:
@@ -222,7 +222,8 @@ class Bench:
         for proc in procs:
             if proc.returncode not in (0, None):
                 self.note(f"worker exited {proc.returncode}:\n{self.pool.tail(proc)}")
-        self.record_drain(f"drain, burst (cold start), 2x C={concurrency}", concurrency, run, wall, exited, False)
+        label = f"drain, burst (cold start), 2x C={concurrency or 'default'}"
+        self.record_drain(label, concurrency, run, wall, exited, False)
 
     def record_drain(self, label: str, concurrency: int, run: int, wall: float, done: bool, target: bool) -> None:
         from django.db.models import Count, Max, Min, Q
@@ -362,7 +363,9 @@ class Bench:
     def start_workers(
         self, count: int, concurrency: int, *extra: str, env: dict[str, str] | None = None
     ) -> list[subprocess.Popen]:
-        args = ("taskworker", "--types", TASK_TYPE, "--concurrency", str(concurrency), *extra)
+        # Concurrency 0: the command's defaults (no --concurrency), what a user who changes nothing gets.
+        options = ("--concurrency", str(concurrency)) if concurrency else ()
+        args = ("taskworker", "--types", TASK_TYPE, *options, *extra)
         return [self.pool.start(*args, env=env) for _ in range(count)]
 
     def preload(self, n: int, *, one_transaction: bool) -> None:
@@ -490,6 +493,12 @@ def main() -> int:
         "--reuse-db", action="store_true", help="keep the existing bench database instead of recreating it"
     )
     parser.add_argument("--json", type=Path, help="also write the metrics to this JSON file")
+    parser.add_argument(
+        "--drain-concurrency",
+        default="",
+        help="comma-separated worker concurrencies to drain with, 'default' for the command's defaults "
+        "(default: 32,128)",
+    )
     args = parser.parse_args()
     phases = [p.strip() for p in args.phases.split(",") if p.strip()] + (["profile"] if args.profile else [])
     unknown = set(phases) - set(PHASES)
@@ -501,6 +510,12 @@ def main() -> int:
         parser.error("set DATABASE_URL to a database whose name contains 'bench', e.g. mysql://root@127.0.0.1/tfbench")
 
     plan = QUICK if args.quick else FULL
+    if args.drain_concurrency:
+        try:
+            levels = tuple(0 if c.strip() == "default" else int(c) for c in args.drain_concurrency.split(","))
+        except ValueError:
+            parser.error(f"--drain-concurrency takes integers and 'default'; got {args.drain_concurrency!r}")
+        plan = dataclasses.replace(plan, drain_concurrency=levels)
     database.ensure_database(os.environ["DATABASE_URL"], fresh=not args.reuse_db)
     import django
 

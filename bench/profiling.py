@@ -32,13 +32,13 @@ Stack = tuple[list[Frame], int]
 # Buckets reported as a share of the worker's GIL samples; a sample counts in every bucket one of
 # its frames matches (inclusive), so the shares overlap and need not add up to 100%.
 CATEGORIES: list[tuple[str, str, str]] = [
-    ("claim loop round (Worker._claim_round)", "taskflow/runtime/worker.py", "_claim_round"),
+    ("claim loop round (DatabaseConnector._claim_round)", "taskflow/runtime/worker.py", "_claim_round"),
     ("  claim_batch (taskflow/engine/claiming.py)", "taskflow/engine/claiming.py", "claim_batch"),
-    ("reporter flush (Worker._flush)", "taskflow/runtime/worker.py", "_flush"),
+    ("reporter flush (DatabaseConnector.report)", "taskflow/runtime/worker.py", "report"),
     ("  finish_attempts (taskflow/engine/finishing.py)", "taskflow/engine/finishing.py", "finish_attempts"),
     ("    row_changes", "taskflow/engine/transitions.py", "row_changes"),
     ("    update_attempts (SQL build + run)", "taskflow/engine/sql.py", "update_attempts"),
-    ("handler dispatch (Worker._execute)", "taskflow/runtime/worker.py", "_execute"),
+    ("handler dispatch (Runner._execute)", "taskflow/runtime/runner.py", "_execute"),
     ("  json_text (result check)", "taskflow/engine/validation.py", "json_text"),
     ("config cache (configs.get_many)", "taskflow/engine/configs.py", "get_many"),
     ("liveness heartbeat thread", "taskflow/runtime/liveness.py", ""),

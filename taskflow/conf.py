@@ -67,6 +67,10 @@ class TaskflowSettings:
     HEARTBEAT_INTERVAL: float = _setting(5.0, 0.01, DAY)
     LIVENESS_TIMEOUT: float = _setting(30.0, 0.02, DAY)
     SHUTDOWN_GRACE: float = _setting(30.0, 0, DAY)
+    # Claim-ahead (docs/workers.md): attempts a worker claims beyond its free threads, at most, and the
+    # seconds one may wait unstarted before it is handed back (runtime.runner's PREFETCH defaults).
+    PREFETCH: int = _setting(256, 0, 100_000)
+    PREFETCH_WAIT: float = _setting(1.0, 0.01, 3600)
     GLOBAL_CONCURRENCY_LIMIT: int = _setting(0, 0, MAX_INT)
     RECONCILE_INTERVAL: float = _setting(30.0, 0.01, DAY)
     WATCH_INTERVAL: float = _setting(5.0, 0.01, DAY)

@@ -22,12 +22,20 @@ from .exceptions import UnknownTaskType
 from .runtime import logs
 from .runtime.remote import RemoteWorker
 from .runtime.remote_client import AccessDenied, ApiClient, ApiError
+from .runtime.runner import WorkerFailed
 
 
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more; got {value}")
     return value
 
 
@@ -56,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--types", default="", help="comma-separated task types (default: every registered one)")
     parser.add_argument("--concurrency", type=_positive_int, default=8, help="handler threads (default 8)")
+    parser.add_argument(
+        "--prefetch", type=_non_negative_int, default=0, help="tasks held ahead of free threads, at most (0)"
+    )
     parser.add_argument("--burst", action="store_true", help="exit once nothing is due")
     parser.add_argument("--grace", type=_seconds, default=30.0, help="seconds running tasks get at a stop (30)")
     parser.add_argument("--poll-interval", type=_seconds, default=1.0, help="seconds between holds when idle (1)")
@@ -96,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             poll_interval=args.poll_interval,
             beat_interval=args.beat_interval or 5.0,
             flush_timeout=args.flush_timeout,
+            prefetch=args.prefetch,
         )
     except (ValueError, UnknownTaskType) as exc:
         return _fail(str(exc))
@@ -111,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"the server refused the token ({exc.status}): check the token and its hold_task permission")
     except ApiError as exc:
         return _fail(str(exc))
+    except WorkerFailed as exc:
+        # One line and a non-zero exit, so a supervisor restarts it (stuck handlers, a dead thread).
+        print(f"taskflow.remote: {exc}", file=sys.stderr)
+        return 1
     return 1 if worker.lost else 0
 
 

@@ -297,7 +297,7 @@ def test_a_stop_lets_running_tasks_finish_and_hands_unstarted_ones_back(
     monkeypatch.setenv("TASKFLOW_TEST_LOG", str(run_log))
     tasks = [taskflow.enqueue("test.sleep", {"seconds": 1.0}) for _ in range(4)]
     worker = RemoteWorker(ApiClient(api_url, token), ["test.sleep"], concurrency=4, grace=10, beat_interval=0.3)
-    assert worker._hold() == (4, True)
+    assert len(worker._claim().attempts) == 4
     # Held as one batch, but only one handler thread runs: three stay unstarted until the stop.
     worker.concurrency = 1
     thread, raised = run_in_thread(worker)
@@ -315,9 +315,10 @@ def test_a_stop_lets_running_tasks_finish_and_hands_unstarted_ones_back(
 def test_the_release_endpoint_hands_back_held_tasks_without_counting_an_attempt(api_url: str, token: str) -> None:
     tasks = [taskflow.enqueue("test.record", {"n": n}) for n in range(3)]
     worker = RemoteWorker(ApiClient(api_url, token), ["test.record"], concurrency=3)
-    assert worker._hold() == (3, True)
+    assert len(worker._claim().attempts) == 3
     assert Task.objects.filter(pk__in=[t.pk for t in tasks], status=Status.PROCESSING).count() == 3
-    worker._release_unstarted()
+    worker._hand_back_unstarted()
+    worker.connector.report(list(worker._reports.values()), worker._settle)
     for task in tasks:
         assert (row(task).status, row(task).attempts, row(task).worker_id) == (Status.PENDING, 0, "")
     assert worker.in_flight == 0
@@ -404,11 +405,12 @@ def test_a_beat_hands_back_tasks_whose_hold_answer_was_lost(api_url: str, token:
     client.hold(["test.record"], 3)
     assert Task.objects.filter(pk__in=[t.pk for t in tasks], status=Status.PROCESSING).count() == 3
     worker = RemoteWorker(client, ["test.record"], concurrency=1)
-    worker._maybe_beat()  # too soon: the server leaves a hold that may still be answering alone
+    # Too soon: the server leaves a hold that may still be answering alone.
+    worker.connector.between_claims(worker.held_attempts())
     assert Task.objects.filter(pk__in=[t.pk for t in tasks], status=Status.PROCESSING).count() == 3
     time.sleep(HOLD_ANSWER_GRACE + 0.2)
-    worker._last_beat = 0.0
-    worker._maybe_beat()
+    worker.connector._last_beat = 0.0
+    worker.connector.between_claims(worker.held_attempts())
     for task in tasks:
         assert (row(task).status, row(task).attempts, row(task).worker_id) == (Status.PENDING, 0, "")
 
@@ -430,11 +432,11 @@ def test_a_liveness_beat_moves_no_deadline_so_a_stuck_remote_handler_still_times
     task = taskflow.enqueue("test.record", {}, timeout=60)
     client = ApiClient(api_url, token)
     worker = RemoteWorker(client, ["test.record"], concurrency=1)
-    assert worker._hold() == (1, True)
+    assert len(worker._claim().attempts) == 1
     assert worker.worker_id.startswith(f"{host_name()}:{os.getpid()}:")
     deadline = row(task).lease_expires_at
     time.sleep(1.1)
-    worker._maybe_beat()
+    worker.connector.between_claims(worker.held_attempts())
     assert row(task).status == Status.PROCESSING and row(task).worker_id == worker.worker_id
     # Only the handler's own heartbeat or checkpoint extends it, as for a local worker.
     assert row(task).lease_expires_at == deadline

@@ -234,8 +234,8 @@ def test_workers_started_together_first_poll_at_different_moments(transactional_
         for _ in range(40):
             worker = Worker(["test.record"], concurrency=1)
             before = time.monotonic()
-            worker._claim_round()
-            offsets.append(worker._next_poll["test.record"] - before)
+            worker.connector._claim_round(1, 1, False)
+            offsets.append(worker.connector._next_poll["test.record"] - before)
         return offsets
 
     spread = first_polls(0.8)
@@ -257,6 +257,6 @@ def test_a_burst_worker_claims_at_once(transactional_db) -> None:
 def test_a_woken_worker_claims_at_once(start_worker) -> None:
     set_cfg("test.record", schedule_interval=60.0)
     worker = start_worker(["test.record"], concurrency=1)
-    wait_until(lambda: "test.record" in worker._next_poll)  # its first round is done: the next poll is far
+    wait_until(lambda: "test.record" in worker.connector._next_poll)  # its first round is done: the next poll is far
     task = taskflow.enqueue("test.record", {"n": 1})  # wakes it (in this process, and through Redis)
     assert final_rows([task], timeout=20)[task.pk].status == Status.SUCCESS

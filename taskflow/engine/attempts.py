@@ -8,7 +8,6 @@ lease_token = <the attempt's token>`, so an attempt that was rescued or stopped 
 
 from __future__ import annotations
 
-import enum
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -16,8 +15,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from ..exceptions import LeaseLost, NextStage
+from ..exceptions import LeaseLost
 from ..models import ScheduleCfg, Status, Task
+from .outcomes import Outcome, Report  # noqa: F401 - the engine's names for them
 from .progress import Progress
 from .validation import json_text
 
@@ -102,35 +102,6 @@ class ClaimedTask:
             claimed_at=row["started_at"] or now,
             lease_expires_at=row["lease_expires_at"] or now,
         )
-
-
-class Outcome(enum.StrEnum):
-    SUCCESS = "success"
-    ERROR = "error"  # retried by the policy while attempts remain
-    FAIL = "fail"  # permanent: no more attempts
-    SNOOZE = "snooze"  # run later, the attempt not counted
-    NEXT_STAGE = "next_stage"
-    RESCUED = "rescued"  # taken away by taskwatch (dead worker or deadline): a failed attempt
-    HANDBACK = "handback"  # claimed but never started: back to pending as it was
-    TERMINATED = "terminated"  # stopped by an operator while running: the task ends stopped
-    LOST = "lost"  # the attempt was taken away while running: nothing to write
-
-
-@dataclass
-class Report:
-    """The end of one attempt, as the worker saw it."""
-
-    task: ClaimedTask
-    outcome: Outcome
-    result: Any = None
-    error: str = ""
-    detail: str = ""  # traceback, kept in status_msg (and the end of it in the schedule log)
-    exception: str = ""  # the class path of what ended the attempt, if it failed ("builtins.ValueError")
-    delay: float = 0.0
-    next_stage: NextStage | None = None
-    cost_ms: int = 0
-    result_size: int | None = None  # bytes of the result as JSON, if already measured (the worker does)
-    written: dict[str, Any] | None = None  # the columns finish_attempts wrote, once accepted
 
 
 def heartbeat(

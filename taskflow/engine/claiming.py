@@ -32,16 +32,23 @@ def claim_batch(
     exact_limit: int = 0,
     exact_global_limit: int | None = None,
     now: datetime | None = None,
+    reserve: int = 0,
 ) -> list[ClaimedTask]:
-    """Claim up to `limit` due pending tasks of `cfg.task_type` for `worker_id`.
+    """Claim up to `limit` due pending tasks of `cfg.task_type` for `worker_id`, and `reserve` more after them.
+
+    The first `limit` attempts start now. The reserved ones (claimed ahead of free threads) are held
+    for the worker but not started: their row's `started_at` stays NULL until `start_reserved`, so a
+    worker that dies with them has them handed back uncounted (rescue.py). The caller does not
+    reserve tasks of a limited type: a reserved task would hold a slot no handler uses.
 
     `exact_limit` (per type) and `exact_global_limit` (all types; None: GLOBAL_CONCURRENCY_LIMIT
     when there is no Redis limiter) > 0 enforce concurrency limits in the database: a row is
     locked and the running count taken inside the claim's transaction, so concurrent claimers
     can never together exceed them (see limiter.exact_room).
     """
-    if limit <= 0:
+    if limit <= 0 and reserve <= 0:
         return []
+    started = max(0, limit)
     now = now or timezone.now()
     table = sql.task_table()
     if exact_global_limit is None:
@@ -50,18 +57,20 @@ def claim_batch(
         limiter.ensure_gate()
     with transaction.atomic():
         if exact_limit > 0 or exact_global_limit > 0:
-            limit = limiter.exact_room(cfg.task_type, limit, exact_limit, exact_global_limit)
-            if limit <= 0:
+            started = limiter.exact_room(cfg.task_type, started, exact_limit, exact_global_limit)
+            reserve = 0
+            if started <= 0:
                 return []
-        rows = sql.select_due(table, cfg.task_type, limit, host, now)
+        rows = sql.select_due(table, cfg.task_type, started + max(0, reserve), host, now)
         if not rows:
             return []
         claimed = [_claimed(row, cfg, worker_id, now) for row in rows]
-        by_deadline: dict[datetime, list[int]] = defaultdict(list)
-        for task in claimed:
-            by_deadline[task.lease_expires_at].append(task.id)
+        by_deadline: dict[tuple[datetime, bool], list[int]] = defaultdict(list)
+        for n, task in enumerate(claimed):
+            by_deadline[(task.lease_expires_at, n < started)].append(task.id)
         updated = sum(
-            sql.mark_processing(table, ids, worker_id, now, deadline) for deadline, ids in by_deadline.items()
+            sql.mark_processing(table, ids, worker_id, now, deadline, started=now_started)
+            for (deadline, now_started), ids in by_deadline.items()
         )
         if updated != len(claimed):
             raise ClaimConflict(f"claimed {len(claimed)} rows but updated {updated}")
@@ -79,3 +88,30 @@ def _claimed(row: dict[str, Any], cfg: ScheduleCfg, worker_id: str, now: datetim
         claimed_at=now,
         lease_expires_at=now + timedelta(seconds=timeout),
     )
+
+
+def start_reserved(tasks: list[ClaimedTask], now: datetime | None = None) -> list[ClaimedTask]:
+    """Start these reserved attempts (claimed ahead, see claim_batch); returns those still held, now started.
+
+    One UPDATE per lease token (usually one): an attempt taken away meanwhile (handed back by a
+    rescue, stopped by an operator) is left alone and not returned.
+    """
+    if not tasks:
+        return []
+    now = now or timezone.now()
+    table = sql.task_table()
+    by_token: dict[int, list[ClaimedTask]] = defaultdict(list)
+    for task in tasks:
+        by_token[task.lease_token].append(task)
+    started: list[ClaimedTask] = []
+    for token, group in by_token.items():
+        ids = [t.id for t in group]
+        if sql.mark_started(table, ids, token, now) == len(ids):
+            started += group
+        else:
+            # Some were taken away; or this is a retry after an outage hid a start that landed.
+            held = sql.ids_held(table, ids, token)
+            started += [t for t in group if t.id in held]
+    for task in started:
+        task.claimed_at = now
+    return started

@@ -8,6 +8,8 @@ task too. Both are judged by the database's clock, and checked again by the resc
 (a worker that beat, or a handler that heartbeated, since the rows were read keeps its task).
 A rescue ends the attempt as a failed one through `finish_attempts` (retried or failed by the
 same rules as any failed attempt), with a new fencing token, and gives its limiter slot back.
+An attempt claimed ahead and never started (`started_at` NULL, see claiming.claim_batch) is handed
+back instead: pending again at once, in its place, the attempt not counted.
 The same two clocks free the slot of an attempt whose task an operator stopped while its handler
 ran on (a lingering attempt, limiter.py), if the handler has not returned first.
 """
@@ -140,8 +142,13 @@ def _rescue(
 def rescue_report(
     row: dict[str, Any], reason: str, now: datetime, cause: type[Exception] = AttemptTimedOut
 ) -> Report:
-    """The end of a lost attempt as a rescue reports it: a failed attempt (already counted at claim), named `cause`."""
+    """The end of a lost attempt as a rescue reports it: a failed attempt (already counted at claim), named `cause`.
+
+    An attempt claimed ahead and never started is handed back: no handler ran, so nothing failed.
+    """
     attempt = ClaimedTask.running(row, configs.get(row["task_type"]), now)
+    if row["started_at"] is None and row["worker_id"]:
+        return Report(attempt, Outcome.HANDBACK)
     started = attempt.claimed_at
     cost_ms = max(0, int((now - started).total_seconds() * 1000))
     return Report(attempt, Outcome.RESCUED, error=f"rescued: {reason}", exception=class_path(cause), cost_ms=cost_ms)

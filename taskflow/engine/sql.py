@@ -492,8 +492,13 @@ def select_due(table: str, task_type: str, limit: int, host: str, now: datetime)
     return out
 
 
-def mark_processing(table: str, ids: Sequence[int], worker_id: str, now: datetime, deadline: datetime) -> int:
-    """Start an attempt of each still-pending task in `ids`: count it, bump its fencing token, set its deadline."""
+def mark_processing(
+    table: str, ids: Sequence[int], worker_id: str, now: datetime, deadline: datetime, *, started: bool = True
+) -> int:
+    """Start an attempt of each still-pending task in `ids`: count it, bump its fencing token, set its deadline.
+
+    Not `started`: reserved (claimed ahead), `started_at` left NULL until mark_started.
+    """
     qn = quote
     adapt = connection.ops.adapt_datetimefield_value
     marks = ", ".join(["%s"] * len(ids))
@@ -505,10 +510,40 @@ def mark_processing(table: str, ids: Sequence[int], worker_id: str, now: datetim
         f"WHERE {qn('id')} IN ({marks}) AND {qn('status')} = %s"
     )
     at = adapt(now)
-    params = [Status.PROCESSING.value, worker_id, at, at, adapt(deadline), at, *ids, Status.PENDING.value]
+    params = [Status.PROCESSING.value, worker_id, at if started else None, at, adapt(deadline), at]
+    params += [*ids, Status.PENDING.value]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def mark_started(table: str, ids: Sequence[int], token: int, now: datetime) -> int:
+    """Start the reserved attempts (`started_at` NULL) of these tasks still held under `token`."""
+    qn = quote
+    marks = ", ".join(["%s"] * len(ids))
+    sql = (
+        f"UPDATE {qn(table)} SET {qn('started_at')} = %s "
+        f"WHERE {qn('id')} IN ({marks}) AND {qn('status')} = %s AND {qn('lease_token')} = %s "
+        f"AND {qn('started_at')} IS NULL"
+    )
+    params = [connection.ops.adapt_datetimefield_value(now), *ids, Status.PROCESSING.value, token]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def ids_held(table: str, ids: Sequence[int], token: int) -> set[int]:
+    """Which of these tasks are still processing under `token` (held by the attempt that token names)."""
+    qn = quote
+    marks = ", ".join(["%s"] * len(ids))
+    sql = (
+        f"SELECT {qn('id')} FROM {qn(table)} WHERE {qn('id')} IN ({marks}) AND {qn('status')} = %s "
+        f"AND {qn('lease_token')} = %s"
+    )
+    params = [*ids, Status.PROCESSING.value, token]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {row[0] for row in cursor.fetchall()}
 
 
 # -- reports ---------------------------------------------------------------------------------------------

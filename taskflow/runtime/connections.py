@@ -18,10 +18,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 
 from django.db import DatabaseError, connections
 
+from ..engine.redis import RedisError
+from .supervision import Loop, Step
+
 IDLE_CHECK = 1.0  # seconds a thread's connections may sit unused before they are pinged
+
+OUTAGES = (DatabaseError, RedisError)  # waited out by a thread's loop, however long they last
 
 _epoch = 0  # bumped whenever some thread meets a database error: every thread then checks
 _seen = threading.local()
@@ -70,3 +76,11 @@ def _obsolete(conn, now: float) -> bool:  # noqa: ANN001
 def _close(conn) -> None:  # noqa: ANN001
     with contextlib.suppress(DatabaseError):  # closing a broken connection may complain; it is gone anyway
         conn.close()
+
+
+def supervised(
+    name: str, step: Step, *, on_fatal: Callable[[str], None], stop: threading.Event | None = None
+) -> Loop:
+    """A Loop for a thread that uses the database: outages waited out, its connections closed as it ends."""
+    # After an outage the other threads' connections are probably gone too: suspect_all.
+    return Loop(name, step, on_fatal=on_fatal, stop=stop, outages=OUTAGES, on_outage=suspect_all, on_exit=close_own)

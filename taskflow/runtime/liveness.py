@@ -11,7 +11,6 @@ from django.db import DatabaseError
 from ..conf import get_settings
 from ..engine import workers
 from . import connections
-from .supervision import Loop
 
 
 class LivenessBeat:
@@ -36,7 +35,9 @@ class LivenessBeat:
         self.after_beat = after_beat
         self.interval = get_settings().HEARTBEAT_INTERVAL
         self._stopped = threading.Event()
-        self._loop = Loop("taskflow-liveness", self._beat_and_wait, on_fatal=on_fatal, stop=self._stopped)
+        self._loop = connections.supervised(
+            "taskflow-liveness", self._beat_and_wait, on_fatal=on_fatal, stop=self._stopped
+        )
         self._thread: threading.Thread | None = None
 
     def beat(self) -> None:

@@ -319,9 +319,8 @@ def remote_attempt_ended(attempt: Any, item: dict[str, Any] | None, *, applied: 
     """
     if not tasks_log.isEnabledFor(logging.INFO):
         return
-    item = item or {}
-    ran = item.get("cost_ms")
-    if not applied:
+    ran = item.get("cost_ms", 0) if item else None  # report_item leaves out a cost of 0 ms
+    if not applied or item is None:
         _line(attempt, "lost", "lost (its report was refused: taken away, or applied before)", ran)
     elif "stage" in item:
         _line(attempt, "next_stage", f"next stage {item['stage']!r} in {item.get('delay', 0):g}s", ran)

@@ -1,20 +1,20 @@
 """The remote worker: runs registered handlers on a machine with no database, through the HTTP API.
 
-It does what the local worker does, over HTTP: registers (`POST workers/`: the server issues its
-worker id and key, sent with every later call), holds due tasks in batches sized by its free handler
-threads (`POST tasks/hold/`), runs each with the same TaskContext as the local worker (its lease
-kept by `HttpChannel`), reports finished attempts in batches with their leases and attempt keys
-(`POST tasks/set/`), beats its liveness (`POST tasks/heartbeat/` with `beat` and every attempt it
-holds: the server answers which were taken away, and hands back any it claimed for this worker
-whose hold answer was lost), and on a graceful stop hands unstarted tasks back (`POST tasks/release/`).
+It is the worker runtime (runner.py) over `HttpConnector`: it registers (`POST workers/`: the server
+issues its worker id and key, sent with every later call), holds due tasks in batches sized by its
+free handler threads (`POST tasks/hold/`), runs each with the same TaskContext as the local worker
+(its lease kept by `HttpChannel`), reports finished attempts in batches with their leases and attempt
+keys (`POST tasks/set/`), beats its liveness (`POST tasks/heartbeat/` with `beat` and every attempt it
+holds: the server answers which were taken away, and hands back any it claimed for this worker whose
+hold answer was lost), and hands unstarted tasks back (`POST tasks/release/`).
 
 The server may be unreachable at any time. Holding then waits; finished reports stay in memory and
-are sent again with a back-off capped at MAX_BACKOFF seconds, never dropped; a report refused as
-`lease_lost` after such a retry is final (it was applied before the connection broke, or the attempt
-was taken away meanwhile). A handler's heartbeat or checkpoint is retried until its lease would
-expire, then raises LeaseLost. A 401 or 403 stops the worker (`run` raises AccessDenied), except a
-refused worker credential (the server's SECRET_KEY changed): the worker registers again, and the
-attempts it held under its old id are refused as `forbidden` and left to taskwatch's rescue.
+are sent again with a back-off, never dropped; a report refused as `lease_lost` after such a retry is
+final (it was applied before the connection broke, or the attempt was taken away meanwhile). A
+handler's heartbeat or checkpoint is retried until its lease would expire, then raises LeaseLost. A
+401 or 403 stops the worker (`run` raises AccessDenied), except a refused worker credential (the
+server's SECRET_KEY changed): the worker registers again, and the attempts it held under its old id
+are refused as `forbidden` and left to taskwatch's rescue.
 
 Nothing here imports the Django ORM or needs Django settings: the server applies every rule
 (validation, retry policy, state machine); the signals a handler raises check their own arguments
@@ -26,26 +26,27 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import re
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..engine import registry
+from ..engine.outcomes import Outcome, Report
 from ..engine.progress import Progress
-from ..exceptions import InvalidTask, LeaseLost, NextStage, PermanentFailure, Snooze
+from ..exceptions import InvalidTask, LeaseLost
 from . import logs
-from .context import TaskContext
+from .connector import ChannelFailed, Claim, Settle
 from .remote_client import AccessDenied, ApiClient, ApiError, Rejected, Unreachable
+from .runner import Runner
+from .supervision import Loop, Step
 
 log = logging.getLogger("taskflow.remote")
 
-MAX_BACKOFF = 30.0  # seconds between tries while the server is unreachable, at most
+MAX_BACKOFF = 30.0  # seconds between a heartbeat's tries while the server is unreachable, at most
 FIRST_BACKOFF = 0.5
 MAX_HOLD = 1000  # the API's largest hold
 REPORT_BATCH = 500  # items per report request
@@ -218,14 +219,6 @@ def _json_text(name: str, value: Any) -> str:
         raise InvalidTask(f"{name} must be JSON-serialisable: {exc}") from None
 
 
-@dataclass(eq=False)  # compared by identity: two reports are never "the same"
-class RemoteReport:
-    """One finished attempt waiting to be sent: the item of `POST tasks/set/` (or None: nothing to send)."""
-
-    attempt: RemoteAttempt
-    item: dict[str, Any] | None
-    tries: int = 0
-
 
 def failure_item(attempt: RemoteAttempt, error: str, *, retry: bool = True, detail: str = "") -> dict[str, Any]:
     item: dict[str, Any] = {**attempt.fence, "status": "failed", "error": error[:4000]}
@@ -236,108 +229,77 @@ def failure_item(attempt: RemoteAttempt, error: str, *, retry: bool = True, deta
     return item
 
 
-class RemoteWorker:
-    """Holds, runs and reports tasks over HTTP until stopped (or, with burst, until nothing is due)."""
+def report_item(report: Report) -> dict[str, Any]:
+    """A report as an item of `POST tasks/set/`."""
+    attempt: RemoteAttempt = report.task
+    outcome = report.outcome
+    if outcome == Outcome.SUCCESS:
+        item: dict[str, Any] = {**attempt.fence, "status": "success", "result": report.result}
+    elif outcome == Outcome.SNOOZE:
+        # A worker's "pending" is a snooze: back after `delay`, the attempt not counted.
+        item = {**attempt.fence, "status": "pending", "delay": report.delay}
+        if report.error:
+            item["error"] = report.error
+    elif outcome == Outcome.NEXT_STAGE and report.next_stage is not None:
+        signal = report.next_stage
+        item = {**attempt.fence, "stage": signal.stage, "delay": signal.delay}
+        if signal.context is not None:
+            item["context"] = signal.context
+        if signal.priority is not None:
+            item["priority"] = signal.priority
+    else:
+        item = failure_item(attempt, report.error, retry=outcome != Outcome.FAIL, detail=report.detail)
+    if report.cost_ms:
+        item["cost_ms"] = report.cost_ms
+    return item
 
-    def __init__(
-        self,
-        client: ApiClient,
-        task_types: Iterable[str] | None = None,
-        *,
-        concurrency: int = 8,
-        burst: bool = False,
-        grace: float = 30.0,
-        poll_interval: float = 1.0,
-        beat_interval: float = 5.0,
-        flush_timeout: float = 60.0,
-    ) -> None:
-        types = list(task_types) if task_types else registry.registered_types()
-        for task_type in types:
-            registry.get_handler(task_type)  # fail fast on a type nobody handles here
-        if not types:
-            raise ValueError("no task types to work on: import a module that registers handlers, or pass --types")
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+
+class HttpConnector:
+    """The worker runtime's way to the HTTP API (see connector.Connector): it holds, reports and beats over HTTP."""
+
+    def __init__(self, client: ApiClient, *, poll_interval: float = 1.0, beat_interval: float = 5.0) -> None:
         self.client = client
-        self.task_types = types
-        self.concurrency = concurrency
-        self.burst = burst
-        self.grace = grace
         self.poll_interval = poll_interval
         self.beat_interval = beat_interval
-        self.flush_timeout = flush_timeout
-
-        self._stopping = threading.Event()
-        self._done = threading.Event()
-        self._wake = threading.Event()
-        self._reports_ready = threading.Event()
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[RemoteAttempt | None] = queue.SimpleQueue()
-        self._reports: list[RemoteReport] = []  # finished, not yet accepted or refused by the server
-        self._in_flight = 0  # held and not yet run to the end
-        # Keyed by (task id, lease): a task rescued and held again here is another attempt.
-        self._running: dict[tuple[int, Any], RemoteAttempt] = {}  # handler started and not yet returned
-        # Every attempt held and not yet settled (queued, running, or its report not yet applied or
-        # refused): what each liveness beat lists, so the server can hand back what this worker
-        # does not know it holds (a hold whose answer was lost).
-        self._held: dict[tuple[int, Any], RemoteAttempt] = {}
-        self._overdue: set[tuple[int, Any]] = set()  # running attempts written off past their deadline
+        self._worker: Runner | None = None
         self._last_beat = 0.0
         self._beat_problem = ""
-        self._threads: list[threading.Thread] = []
-        self._failure: ApiError | None = None
-        self.processed = 0  # reports the server applied
-        self.refused = 0  # reports the server refused (their attempts were taken away, or applied before)
-        self.lost = 0  # reports still unsent when the worker gave up flushing
-
-    # -- public --------------------------------------------------------------------------------
+        self._halted = False
+        self._tries: dict[int, int] = {}  # by id(report): sends so far
 
     @property
-    def worker_id(self) -> str:
-        """The id the server issued at registration ("" before it)."""
+    def worker(self) -> Runner:
+        assert self._worker is not None, "the connector is opened by its worker"
+        return self._worker
+
+    def describe(self) -> str:
         credential = self.client.credential
-        return credential[0] if credential else ""
+        if credential:
+            return f"remote worker {credential[0]}"
+        return f"remote worker of {logs.redact_url(self.client.root)}"  # no password in a log line
 
-    def run(self) -> None:
-        """Work until stopped; then hand back, finish and flush. Raises AccessDenied on a 401/403."""
-        logs.remote_worker_banner(self)
-        for n in range(self.concurrency):
-            self._start(f"taskflow-remote-handler-{n}", self._handler_loop)
-        self._reporter = self._start("taskflow-remote-reporter", self._report_loop)
-        try:
-            self._hold_loop()
-        finally:
-            self._shutdown()
-        log.info(
-            "remote worker %s stopped: %d reports applied, %d refused, %d unsent",
-            self.worker_id,
-            self.processed,
-            self.refused,
-            self.lost,
-        )
-        if self._failure is not None:
-            raise self._failure
+    def banner(self) -> None:
+        logs.remote_worker_banner(self.worker)
 
-    def request_stop(self) -> None:
-        """Stop holding and shut down gracefully (safe to call from a signal handler)."""
-        self._stopping.set()
-        self._wake.set()
+    # -- threads -------------------------------------------------------------------------------
 
-    @property
-    def in_flight(self) -> int:
-        with self._lock:
-            return self._in_flight
+    def bind(self, worker: Runner) -> None:
+        self._worker = worker
 
-    @property
-    def unreported(self) -> int:
-        with self._lock:
-            return len(self._reports)
+    def open(self) -> None:
+        """Nothing runs beside the claim loop: it beats between holds."""
 
-    def _start(self, name: str, target: Any) -> threading.Thread:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-        return thread
+    def loop(self, name: str, step: Step, *, on_fatal: Callable[[str], None], stop: threading.Event | None) -> Loop:
+        return Loop(name, step, on_fatal=on_fatal, stop=stop, outages=(Unreachable,))
+
+    def stopping(self) -> None:
+        """Nothing listens: stops are heard at the next beat."""
+
+    def halt(self) -> None:
+        self._halted = True
+
+    def close(self, *, failed: bool) -> None:
+        """Nothing to stop: the server forgets a worker that no longer calls."""
 
     def _forget_credential(self, exc: AccessDenied) -> None:
         """The server no longer accepts this worker's id and key: the next hold registers again."""
@@ -345,308 +307,60 @@ class RemoteWorker:
             log.warning("the server refused this worker's credential (%s): registering again", _detail(exc.body) or exc)
             self.client.credential = None
 
-    def _fatal(self, exc: ApiError) -> None:
-        with self._lock:
-            if self._failure is None:
-                self._failure = exc
+    def _failed(self, exc: ApiError) -> BaseException:
+        """What to raise for an error of a call: an outage to wait out, or ChannelFailed."""
+        if isinstance(exc, Unreachable):
+            return exc
+        if isinstance(exc, AccessDenied) and exc.credential_refused:
+            self._forget_credential(exc)
+            return Unreachable(f"credential refused: registering again ({_detail(exc.body) or exc})")
         if not isinstance(exc, AccessDenied):  # said once, in one line, by whoever runs the worker
             log.error("%s", exc)
-        self.request_stop()
+        return ChannelFailed(exc)
 
     # -- holding -------------------------------------------------------------------------------
 
-    def _hold_loop(self) -> None:
-        pause = FIRST_BACKOFF
-        while not self._stopping.is_set():
-            self._write_off_overdue()
-            idle = self.in_flight == 0 and self.unreported == 0
-            try:
-                held, full = self._hold()
-            except Unreachable as exc:
-                log.warning("cannot hold tasks: %s; trying again in %.1fs", exc, pause)
-                self._stopping.wait(pause)
-                pause = min(pause * 2, MAX_BACKOFF)
-                continue
-            except AccessDenied as exc:
-                if not exc.credential_refused:
-                    self._fatal(exc)
-                    return
-                self._forget_credential(exc)
-                self._stopping.wait(pause)
-                pause = min(pause * 2, MAX_BACKOFF)
-                continue
-            except ApiError as exc:
-                self._fatal(exc)
-                return
-            pause = FIRST_BACKOFF
-            self._maybe_beat()
-            if self.burst and idle and not held:
-                log.info("nothing is due: a burst worker stops")
-                return
-            if not full:
-                # Woken early when a thread frees up after a full hold, or on a stop; never past a beat.
-                next_beat = self._last_beat + self.beat_interval - time.monotonic()
-                self._wake.wait(min(self.poll_interval, max(0.05, next_beat)))
-            self._wake.clear()
-
-    def _hold(self) -> tuple[int, bool]:
-        """Hold as many due tasks as there are free threads; returns (how many, whether that filled them)."""
-        in_flight = self.in_flight
-        free = self.concurrency - in_flight
-        # Finished reports waiting for an unreachable server cap holding, as the local worker's do.
-        if self.unreported >= 2 * self.concurrency or free <= 0:
-            return 0, False
-        # While work runs, wait for a worthwhile batch of free threads instead of many small holds.
-        if in_flight and free < max(1, self.concurrency // 4):
-            return 0, False
-        limit = min(free, MAX_HOLD)
-        if self.client.credential is None:
-            concurrency = min(self.concurrency, MAX_HOLD)  # as the server counts it
-            worker_id = self.client.register(host_name(), os.getpid(), self.task_types, concurrency)
-            log.info("registered as remote worker %s", worker_id)
-        asked_at = time.monotonic()
-        tasks, server_now = self.client.hold(self.task_types, limit)
-        for task in tasks:
-            attempt = RemoteAttempt.from_json(task, asked_at, server_now)
-            with self._lock:
-                self._in_flight += 1
-                self._held[attempt.fence_key] = attempt
-            self._jobs.put(attempt)
-        return len(tasks), len(tasks) == limit
-
-    # -- running handlers ------------------------------------------------------------------------
-
-    def _handler_loop(self) -> None:
-        while True:
-            attempt = self._jobs.get()
-            if attempt is None:
-                return
-            if self._stopping.is_set():
-                self._jobs.put(attempt)  # handed back by the shutdown, unstarted
-                self._stopping.wait(0.05)
-                continue
-            with self._lock:
-                self._running[attempt.fence_key] = attempt
-            try:
-                report = self._execute(attempt)
-            finally:
-                with self._lock:
-                    self._running.pop(attempt.fence_key, None)
-                    overdue = attempt.fence_key in self._overdue
-                    self._overdue.discard(attempt.fence_key)
-            if overdue:
-                return  # written off when it ran late (its end reported then); another thread took its place
-            self._queue_report(report)
-            with self._lock:
-                self._in_flight -= 1
-            self._wake.set()
-
-    def _write_off_overdue(self) -> None:
-        """End attempts whose handler ran past its deadline without a heartbeat, and replace their threads.
-
-        What taskwatch does to a local worker's overdue attempt, done here because the liveness beat
-        keeps a remote worker's leases alive on the server: the attempt is reported as failed (retried
-        or failed by the task's retry policy), its thread no longer counts (a Python thread cannot be
-        killed: the handler runs on, and whatever it returns is dropped), and a new thread takes its place.
-        """
+    def claim(self, room: int, ahead: int, capacity: int, busy: bool) -> Claim:
+        """Hold as many due tasks as there is room for, ahead too: a hold starts its attempts (it counts them)."""
+        room += ahead
         now = time.monotonic()
-        with self._lock:
-            late = [a for a in self._running.values() if a.local_deadline < now and a.fence_key not in self._overdue]
-            for attempt in late:
-                self._overdue.add(attempt.fence_key)
-                self._in_flight -= 1
-        for attempt in late:
-            log.warning("task %s attempt %d ran past its deadline: reported as failed", attempt.id, attempt.attempt)
-            attempt.stop_requested.set()
-            error = f"attempt {attempt.attempt} ran past its deadline without a heartbeat"
-            self._queue_report(RemoteReport(attempt, failure_item(attempt, error)))
-            self._start(f"taskflow-remote-handler-for-{attempt.id}", self._handler_loop)
-
-    def _execute(self, attempt: RemoteAttempt) -> RemoteReport:
-        """Run the handler and time it; whatever it does or raises becomes the attempt's report."""
-        started = time.perf_counter()
-        report = self._run_handler(attempt)
-        if report.item is not None:
-            report.item["cost_ms"] = int((time.perf_counter() - started) * 1000)
-        return report
-
-    def _run_handler(self, attempt: RemoteAttempt) -> RemoteReport:
-        ctx = TaskContext(attempt, HttpChannel(self.client, attempt))
+        # Woken early when a thread frees up, or on a stop; never past a beat.
+        next_look = now + min(self.poll_interval, max(0.05, self._last_beat + self.beat_interval - now))
+        # While work runs, wait for a worthwhile batch of free threads instead of many small holds.
+        if room <= 0 or (busy and room < max(1, capacity // 4)):
+            return Claim([], next_look)
+        limit = min(room, MAX_HOLD)
+        worker = self.worker
         try:
-            result = ctx.run(registry.get_handler(attempt.task_type))
-            _json_text("result", result)
-            item: dict[str, Any] = {**attempt.fence, "status": "success", "result": result}
-        except Snooze as signal:
-            # A worker's "pending" is a snooze: back after `delay`, the attempt not counted.
-            item = {**attempt.fence, "status": "pending", "delay": signal.delay}
-            if signal.reason:
-                item["error"] = signal.reason
-        except PermanentFailure as signal:
-            item = failure_item(attempt, signal.reason, retry=False)
-        except NextStage as signal:
-            item = {**attempt.fence, "stage": signal.stage, "delay": signal.delay}
-            if signal.context is not None:
-                item["context"] = signal.context
-            if signal.priority is not None:
-                item["priority"] = signal.priority
-        except LeaseLost as exc:
-            log.warning("%s", exc)
-            return RemoteReport(attempt, None)
-        except InvalidTask as exc:
-            # A malformed signal or value: another attempt would do the same, so the task fails now.
-            item = failure_item(attempt, f"{type(exc).__name__}: {exc}", retry=False, detail=_traceback())
-        except BaseException as exc:  # SystemExit too: a handler must not end its thread
-            item = failure_item(attempt, f"{type(exc).__name__}: {exc}", detail=_traceback())
-        return RemoteReport(attempt, item)
+            if self.client.credential is None:
+                concurrency = min(capacity, MAX_HOLD)  # as the server counts it
+                worker_id = self.client.register(host_name(), os.getpid(), worker.task_types, concurrency)
+                log.info("registered as remote worker %s", worker_id)
+            asked_at = time.monotonic()
+            tasks, server_now = self.client.hold(worker.task_types, limit)
+        except ApiError as exc:
+            raise self._failed(exc) from None
+        attempts = [RemoteAttempt.from_json(task, asked_at, server_now) for task in tasks]
+        return Claim(attempts, now if len(attempts) == limit else next_look)
 
-    def _queue_report(self, report: RemoteReport) -> None:
-        if report.item is None:
-            with self._lock:
-                self._held.pop(report.attempt.fence_key, None)
-            return
-        with self._lock:
-            self._reports.append(report)
-        self._reports_ready.set()
-
-    # -- reporting -----------------------------------------------------------------------------
-
-    def _report_loop(self) -> None:
-        pause = FIRST_BACKOFF
-        while True:
-            self._reports_ready.wait(timeout=0.5)
-            self._reports_ready.clear()
-            time.sleep(0.005)  # let a batch gather
-            with self._lock:
-                pending = list(self._reports)
-            if not pending:
-                if self._done.is_set():
-                    return
-                continue
-            try:
-                self._send_reports(pending)
-            except AccessDenied as exc:
-                if not exc.credential_refused:
-                    self._fatal(exc)
-                    return
-                # Kept until the hold loop has registered again; then refused as `forbidden`, and settled.
-                self._forget_credential(exc)
-                if self._done.wait(pause) and self._give_up_flushing():
-                    return
-                pause = min(pause * 2, MAX_BACKOFF)
-                self._reports_ready.set()
-                continue
-            except Unreachable as exc:
-                log.warning(
-                    "%d report(s) kept until the server answers: %s; next try in %.1fs", len(pending), exc, pause
-                )
-                if self._done.wait(pause) and self._give_up_flushing():
-                    return
-                pause = min(pause * 2, MAX_BACKOFF)
-                self._reports_ready.set()
-                continue
-            except ApiError as exc:
-                self._fatal(exc)
-                return
-            except Exception:
-                # A bug must not silence the reporter: the reports stay, and are tried again.
-                log.exception("sending %d report(s) failed; trying again in %.1fs", len(pending), pause)
-                if self._done.wait(pause) and self._give_up_flushing():
-                    return
-                pause = min(pause * 2, MAX_BACKOFF)
-                self._reports_ready.set()
-                continue
-            pause = FIRST_BACKOFF
-
-    def _give_up_flushing(self) -> bool:
-        return time.monotonic() > self._flush_deadline
-
-    def _send_reports(self, pending: list[RemoteReport]) -> None:
-        """Send these reports in bounded batches; each batch's are settled (applied, refused) as it returns."""
-        batch: list[RemoteReport] = []
-        size = 0
-        for report in pending:
-            item_size = len(_json_text("report", report.item))
-            if batch and (len(batch) >= REPORT_BATCH or size + item_size > REPORT_BATCH_BYTES):
-                self._send_batch(batch)
-                batch, size = [], 0
-            batch.append(report)
-            size += item_size
-        if batch:
-            self._send_batch(batch)
-
-    def _send_batch(self, batch: list[RemoteReport]) -> None:
-        for report in batch:
-            report.tries += 1
-        try:
-            results = self.client.batch("tasks/set/", [r.item for r in batch])  # type: ignore[misc]
-        except Rejected as exc:
-            # The whole request was refused (a body over the server's limit, an item it cannot parse):
-            # halve until the report it chokes on is alone, then fail that task with the reason.
-            if len(batch) > 1:
-                middle = len(batch) // 2
-                self._send_batch(batch[:middle])
-                self._send_batch(batch[middle:])
-                return
-            self._refused(batch[0], exc.body if isinstance(exc.body, dict) else {"detail": str(exc)})
-            return
-        for report, result in zip(batch, results, strict=True):
-            if result.get("outcome") == "applied":
-                self._settle(report, applied=True)
-            else:
-                self._refused(report, result)
-        self._wake.set()  # holding may have paused while reports piled up
-
-    def _refused(self, report: RemoteReport, result: dict[str, Any]) -> None:
-        error = result.get("error") or ""
-        item = report.item or {}
-        final_failure = item.get("status") == "failed" and item.get("retry") is False
-        # `forbidden`: not this worker's attempt (held under an id whose credential was refused since).
-        taken_away = error in ("lease_lost", "forbidden")
-        if not taken_away and not final_failure:
-            # A value the server will not store (a result over its size limit, say): the local
-            # worker fails such a task rather than lose its report, and so does this one.
-            reason = _detail(result) or error or "refused by the server"
-            log.warning("task %s: report refused (%s): failing the task", report.attempt.id, reason)
-            replacement = failure_item(report.attempt, f"report refused by the server: {reason}", retry=False)
-            with self._lock:
-                index = next(i for i, r in enumerate(self._reports) if r is report)
-                self._reports[index] = RemoteReport(report.attempt, replacement, report.tries)
-            self._reports_ready.set()
-            return
-        if not taken_away:
-            log.error("task %s: its failure report was refused too (%s): dropped", report.attempt.id, _detail(result))
-        elif report.tries > 1:
-            log.info("task %s: a retried report was refused (lease_lost): applied before, or fenced", report.attempt.id)
-        else:
-            log.warning("task %s: report refused (%s): the attempt was taken away", report.attempt.id, error)
-        self._settle(report, applied=False)
-
-    def _settle(self, report: RemoteReport, *, applied: bool) -> None:
-        with self._lock:
-            self._reports.remove(report)
-            self._held.pop(report.attempt.fence_key, None)
-            if applied:
-                self.processed += 1
-            else:
-                self.refused += 1
-        logs.remote_attempt_ended(report.attempt, report.item, applied=applied)
+    def start(self, reserved: list[RemoteAttempt]) -> list[RemoteAttempt]:
+        return reserved  # never reserved: a hold starts its attempts
 
     # -- liveness ------------------------------------------------------------------------------
 
-    def _maybe_beat(self) -> None:
-        """Beat if one is due. Called only between holds (never while one is in flight), see _held."""
-        if time.monotonic() - self._last_beat < self.beat_interval or self.client.credential is None:
+    def between_claims(self, held: list[Any]) -> None:
+        """Beat if one is due, listing every attempt held. Only between holds (never while one is in flight):
+        the server hands back what a beat does not list, taking it for a hold whose answer was lost."""
+        if self._halted or time.monotonic() - self._last_beat < self.beat_interval or self.client.credential is None:
             return
         self._last_beat = time.monotonic()
-        with self._lock:
-            held = list(self._held.values())
         try:
             results, n_back = self.client.beat([a.fence for a in held])
         except AccessDenied as exc:
             if exc.credential_refused:
                 self._forget_credential(exc)
-            else:
-                self._fatal(exc)
+            elif self._worker is not None:
+                self._worker._fail(exc)
             return
         except ApiError as exc:
             if str(exc) != self._beat_problem:  # said once, not at every beat
@@ -660,81 +374,150 @@ class RemoteWorker:
             if result.get("outcome") != "applied":
                 attempt.stop_requested.set()
 
-    # -- shutdown ------------------------------------------------------------------------------
+    # -- running and reporting -----------------------------------------------------------------
 
-    def _shutdown(self) -> None:
-        self._stopping.set()
-        started = time.monotonic()
-        self._release_unstarted()
-        while self.in_flight and time.monotonic() - started < self.grace:
-            self._write_off_overdue()
-            self._release_unstarted()
-            self._maybe_beat()
-            time.sleep(0.05)
-        self._release_unstarted()
-        with self._lock:
-            unfinished = [a for a in self._running.values() if a.fence_key not in self._overdue]
-        if unfinished:
-            # Past the grace period: a counted attempt, retried by the policy, as the local worker does.
-            log.warning("grace period over: reporting %d unfinished task(s) as interrupted", len(unfinished))
-            for attempt in unfinished:
-                self._queue_report(
-                    RemoteReport(attempt, failure_item(attempt, "interrupted: the worker stopped before it finished"))
-                )
-        self._flush_deadline = time.monotonic() + self.flush_timeout
-        while self.unreported and time.monotonic() < self._flush_deadline and self._reporter.is_alive():
-            self._maybe_beat()
-            time.sleep(0.05)
-        for _ in range(self.concurrency):
-            self._jobs.put(None)
-        self._done.set()
-        self._reports_ready.set()
-        self._reporter.join(timeout=5)
-        with self._lock:
-            self.lost = len(self._reports)
-        if self.lost:
-            log.error("%d report(s) could not be sent before giving up: taskwatch will rescue their tasks", self.lost)
+    def channel(self, attempt: RemoteAttempt) -> HttpChannel:
+        return HttpChannel(self.client, attempt)
 
-    _flush_deadline = float("inf")
+    def prepare(self) -> None:
+        """Nothing to prepare: the client's sessions recover by themselves."""
 
-    def _release_unstarted(self) -> None:
-        """Hand back tasks held but not started (their attempt is not counted), retrying through an outage."""
-        unstarted: list[RemoteAttempt] = []
-        while True:
-            try:
-                attempt = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if attempt is not None:
-                unstarted.append(attempt)
-        if not unstarted:
+    def check_json(self, name: str, value: Any) -> int:
+        # Only whether it is JSON: its size and storability are the server's to judge.
+        return len(_json_text(name, value))
+
+    def after_error(self, exc: BaseException) -> None:
+        """Nothing to do: a handler's error says nothing of the connection."""
+
+    def past_deadline(self, attempt: RemoteAttempt) -> bool:
+        return attempt.local_deadline < time.monotonic()
+
+    def overdue(self, attempt: RemoteAttempt) -> Report:
+        """What taskwatch does to a local worker's overdue attempt, done here by the worker itself: the
+        attempt is reported as failed (retried or failed by the task's retry policy)."""
+        error = f"attempt {attempt.attempt} ran past its deadline without a heartbeat"
+        return Report(attempt, Outcome.ERROR, error=error)
+
+    def report(self, reports: list[Report], settle: Settle) -> None:
+        settle([r for r in reports if r.outcome == Outcome.LOST], [])  # nothing to send
+        try:
+            handbacks = [r for r in reports if r.outcome == Outcome.HANDBACK]
+            for start in range(0, len(handbacks), REPORT_BATCH):
+                self._hand_back(handbacks[start : start + REPORT_BATCH], settle)
+            self._send_reports([r for r in reports if r.outcome not in (Outcome.LOST, Outcome.HANDBACK)], settle)
+        except ApiError as exc:
+            failure = self._failed(exc)
+            if isinstance(failure, Unreachable):
+                log.warning("%d report(s) kept until the server answers: %s", len(reports), exc)
+            raise failure from None
+
+    def _hand_back(self, reports: list[Report], settle: Settle) -> None:
+        """Hand back tasks held but not started (`POST tasks/release/`): pending again, the attempt not counted."""
+        results = self.client.batch("tasks/release/", [r.task.fence for r in reports])
+        applied = [r for r, result in zip(reports, results, strict=True) if result.get("outcome") == "applied"]
+        log.info("handed back %d unstarted task(s)", len(applied))
+        settle(reports, applied)
+
+    def _send_reports(self, pending: list[Report], settle: Settle) -> None:
+        """Send these reports in bounded batches; each batch's are settled (applied, refused) as it returns."""
+        batch: list[tuple[Report, dict[str, Any]]] = []
+        size = 0
+        for report in pending:
+            item = report_item(report)
+            item_size = len(_json_text("report", item))
+            if batch and (len(batch) >= REPORT_BATCH or size + item_size > REPORT_BATCH_BYTES):
+                self._send_batch(batch, settle)
+                batch, size = [], 0
+            batch.append((report, item))
+            size += item_size
+        if batch:
+            self._send_batch(batch, settle)
+
+    def _send_batch(self, batch: list[tuple[Report, dict[str, Any]]], settle: Settle) -> None:
+        for report, _ in batch:
+            self._tries[id(report)] = self._tries.get(id(report), 0) + 1
+        try:
+            results = self.client.batch("tasks/set/", [item for _, item in batch])
+        except Rejected as exc:
+            # The whole request was refused (a body over the server's limit, an item it cannot parse):
+            # halve until the report it chokes on is alone, then fail that task with the reason.
+            if len(batch) > 1:
+                middle = len(batch) // 2
+                self._send_batch(batch[:middle], settle)
+                self._send_batch(batch[middle:], settle)
+                return
+            self._refused(batch[0][0], exc.body if isinstance(exc.body, dict) else {"detail": str(exc)}, settle)
             return
-        pause = FIRST_BACKOFF
-        deadline = time.monotonic() + max(self.grace, 5.0)
-        while True:
-            try:
-                results = self.client.batch("tasks/release/", [a.fence for a in unstarted])
-                break
-            except Unreachable as exc:
-                if time.monotonic() + pause > deadline:
-                    log.error("could not hand back %d task(s): %s; taskwatch will rescue them", len(unstarted), exc)
-                    results = []
-                    break
-                time.sleep(pause)
-                pause = min(pause * 2, MAX_BACKOFF)
-            except ApiError as exc:
-                log.error("could not hand back %d task(s): %s", len(unstarted), exc)
-                results = []
-                break
-        released = sum(1 for r in results if r.get("outcome") == "applied")
-        log.info("handed back %d unstarted task(s)", released)
-        with self._lock:
-            self._in_flight -= len(unstarted)
-            for attempt in unstarted:
-                self._held.pop(attempt.fence_key, None)
+        applied: list[Report] = []
+        for (report, item), result in zip(batch, results, strict=True):
+            if result.get("outcome") == "applied":
+                applied.append(report)
+                logs.remote_attempt_ended(report.task, item, applied=True)
+            else:
+                self._refused(report, result, settle)
+        for report in applied:
+            self._tries.pop(id(report), None)
+        settle(applied, applied)
+
+    def _refused(self, report: Report, result: dict[str, Any], settle: Settle) -> None:
+        error = result.get("error") or ""
+        final_failure = report.outcome == Outcome.FAIL
+        # `forbidden`: not this worker's attempt (held under an id whose credential was refused since).
+        taken_away = error in ("lease_lost", "forbidden")
+        if not taken_away and not final_failure:
+            # A value the server will not store (a result over its size limit, say): the local
+            # worker fails such a task rather than lose its report, and so does this one. The report
+            # stays unsettled, a failure now, and is sent again at once.
+            reason = _detail(result) or error or "refused by the server"
+            log.warning("task %s: report refused (%s): failing the task", report.task.id, reason)
+            report.outcome, report.result, report.detail = Outcome.FAIL, None, ""
+            report.error = f"report refused by the server: {reason}"
+            return
+        tries = self._tries.pop(id(report), 0)
+        if not taken_away:
+            log.error("task %s: its failure report was refused too (%s): dropped", report.task.id, _detail(result))
+        elif tries > 1:
+            log.info("task %s: a retried report was refused (lease_lost): applied before, or fenced", report.task.id)
+        else:
+            log.warning("task %s: report refused (%s): the attempt was taken away", report.task.id, error)
+        logs.remote_attempt_ended(report.task, None, applied=False)
+        settle([report], [])
 
 
-def _traceback() -> str:
-    import traceback
+class RemoteWorker(Runner):
+    """Holds, runs and reports tasks over HTTP until stopped (or, with burst, until nothing is due)."""
 
-    return traceback.format_exc(limit=20)
+    def __init__(
+        self,
+        client: ApiClient,
+        task_types: Iterable[str] | None = None,
+        *,
+        concurrency: int = 8,
+        burst: bool = False,
+        grace: float = 30.0,
+        poll_interval: float = 1.0,
+        beat_interval: float = 5.0,
+        flush_timeout: float = 60.0,
+        max_stuck: int | None = None,
+        prefetch: int = 0,
+    ) -> None:
+        """`prefetch`: tasks held ahead of free threads (0 by default: a hold counts its attempts, so a
+        remote worker that dies would have them rescued as failed attempts, not handed back)."""
+        self.client = client
+        self.connector: HttpConnector = HttpConnector(client, poll_interval=poll_interval, beat_interval=beat_interval)
+        super().__init__(
+            self.connector,
+            task_types,
+            concurrency=concurrency,
+            burst=burst,
+            grace=grace,
+            max_stuck=max_stuck,
+            flush_timeout=flush_timeout,
+            prefetch=prefetch,
+        )
+
+    @property
+    def worker_id(self) -> str:
+        """The id the server issued at registration ("" before it)."""
+        credential = self.client.credential
+        return credential[0] if credential else ""

@@ -1,9 +1,10 @@
 """Long-running loops that never die silently.
 
 Each of a worker's loops (claiming, reporting, liveness, the wake-up listener, every handler
-thread) runs as a `Loop`: it calls its step again and again. A database or Redis outage is waited
-out with a growing pause and never ends the loop: the services come back, and the work waits for
-them. Any other error is logged with its traceback and the loop goes on after a pause; only a loop
+thread) runs as a `Loop`: it calls its step again and again. An outage (the errors its channel
+names: the database or Redis for the local worker, an unreachable server for the remote one) is
+waited out with a growing pause and never ends the loop: the services come back, and the work
+waits for them. Any other error is logged with its traceback and the loop goes on after a pause; only a loop
 that cannot go on — it failed GIVE_UP_AFTER times in a row, or its thread died of something it
 could not catch — calls `on_fatal`, so the worker can stop heartbeating and exit for its supervisor
 to restart it (taskwatch then rescues what it held) instead of running on half-dead.
@@ -16,14 +17,8 @@ import random
 import threading
 from collections.abc import Callable
 
-from django.db import DatabaseError
-
-from ..engine.redis import RedisError
-from . import connections
-
 log = logging.getLogger("taskflow.worker")
 
-OUTAGES = (DatabaseError, RedisError)
 GIVE_UP_AFTER = 5  # unexpected errors in a row before a loop is declared unable to go on
 FIRST_PAUSE = 0.5  # seconds after the first error; doubled after each one in a row
 MAX_PAUSE = 10.0
@@ -41,9 +36,15 @@ class Loop:
         *,
         on_fatal: Callable[[str], None],
         stop: threading.Event | None = None,
+        outages: tuple[type[BaseException], ...] = (),
+        on_outage: Callable[[], None] | None = None,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
+        """`outages`: errors that are waited out however long (then `on_outage` is called, e.g. so every
+        thread checks its connections); `on_exit`: called on the loop's thread as it ends."""
         self.name, self.step, self.on_fatal = name, step, on_fatal
         self.stop = stop or threading.Event()
+        self.outages, self.on_outage, self.on_exit = outages, on_outage, on_exit
 
     def run(self) -> None:
         try:
@@ -61,9 +62,10 @@ class Loop:
                 if self.step() is False:
                     return
                 failures = outages = 0
-            except OUTAGES as exc:
+            except self.outages as exc:
                 outages += 1
-                connections.suspect_all()  # the other threads' connections are probably gone too
+                if self.on_outage is not None:
+                    self.on_outage()
                 pause = _pause(outages)
                 log.warning("%s: %s: %s; trying again in %.1fs", self.name, type(exc).__name__, exc, pause)
                 self.stop.wait(pause)
@@ -86,7 +88,8 @@ class Loop:
         try:
             self.run()
         finally:
-            connections.close_own()  # a finished thread's connections would stay open until exit
+            if self.on_exit is not None:
+                self.on_exit()  # e.g. a finished thread's connections would stay open until exit
 
 
 def _pause(errors_in_a_row: int) -> float:

@@ -15,6 +15,13 @@ def positive_int(value: str) -> int:
     return number
 
 
+def non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError(value)
+    return number
+
+
 def non_negative_float(value: str) -> float:
     number = float(value)
     if number < 0:
@@ -35,6 +42,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--queues", default="", help="comma-separated django.tasks queue names (default: those TASKS allows)"
         )
+        parser.add_argument(
+            "--prefetch",
+            type=non_negative_int,
+            default=None,
+            help="tasks claimed ahead of free threads, at most (default: TASKFLOW['PREFETCH'], 256; 0: none)",
+        )
         parser.add_argument("--burst", action="store_true", help="drain what is due, then exit")
         parser.add_argument(
             "--grace", type=non_negative_float, default=None, help="seconds running tasks get to finish on shutdown"
@@ -51,6 +64,7 @@ class Command(BaseCommand):
                 concurrency=options["concurrency"],
                 burst=options["burst"],
                 grace=options["grace"],
+                prefetch=options["prefetch"],
                 # Asked again as it runs: a queue first used later (QUEUES: []) is served within moments.
                 select_types=lambda: select_task_types(types, queues),
             )

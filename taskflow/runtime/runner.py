@@ -1,0 +1,545 @@
+"""The worker runtime, written once for every way of reaching the tasks (see connector.py).
+
+Threads: the claim loop (`run`), `concurrency` handler threads, one reporter that sends finished
+attempts in batches, and whatever the connector runs beside them (a liveness beat, wake-up
+listeners). A thread slot is busy from claim until its handler returns, so the worker never holds
+more tasks than it can run; results still waiting to be sent are capped separately, so a slow or
+unreachable store pauses claiming rather than piling up results.
+
+Every thread is a supervised loop (`supervision.Loop`): the connector's outages are waited out,
+other errors logged and waited out, and a thread that cannot go on makes the worker stop beating
+and exit (`run` raises WorkerFailed) rather than run on half-dead.
+
+A handler past its deadline cannot be killed (a Python thread cannot): it no longer holds its slot
+and a new thread takes its place; past `max_stuck` such threads the worker stops for a restart. On a
+stop, attempts not started are handed back (pending again, the attempt not counted), running ones
+get `grace` seconds, and what is still running then is reported as interrupted (a counted attempt).
+
+Nothing here imports Django: the remote worker uses this runtime with no settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine import registry, tasklog
+from ..engine.outcomes import Outcome, Report
+from ..exceptions import (
+    AttemptInterrupted,
+    InvalidTask,
+    LeaseLost,
+    NextStage,
+    PermanentFailure,
+    Snooze,
+    class_path,
+)
+from .connector import ChannelFailed, Connector
+from .context import TaskContext
+
+log = logging.getLogger("taskflow.worker")
+
+# Defaults of the TASKFLOW settings of the same names (conf.py), which the remote worker has not.
+PREFETCH = 256  # attempts claimed ahead of free threads, at most
+PREFETCH_WAIT = 1.0  # seconds an attempt claimed ahead may wait unstarted before it is handed back
+
+
+class WorkerFailed(RuntimeError):
+    """The worker could not go on (one of its threads died or kept failing): restart it."""
+
+
+class TooManyStuckHandlers(WorkerFailed):
+    """More handler threads are stuck past their deadlines than the worker tolerates: restart it."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One attempt the worker holds, from its claim until its report is settled."""
+
+    attempt: Any
+    reserved: bool = False  # claimed ahead and not started yet: the connector starts it before it runs
+    held_since: float = 0.0  # time.monotonic() of its claim
+    running: bool = False  # its handler started and has not returned
+    stuck: bool = False  # written off past its deadline while its handler runs on
+    reported: bool = False  # its end was reported when it was written off: the handler's late one is dropped
+    settled: bool = False  # its report was applied or refused
+
+
+class Runner:
+    """Claims, runs and reports attempts through a connector until stopped (or, with burst, until nothing is due)."""
+
+    def __init__(
+        self,
+        connector: Connector,
+        task_types: Iterable[str] | None,
+        *,
+        concurrency: int,
+        burst: bool,
+        grace: float,
+        max_stuck: int | None,
+        flush_timeout: float,
+        report_interval: float = 0.005,
+        prefetch: int = PREFETCH,
+        prefetch_wait: float = PREFETCH_WAIT,
+    ) -> None:
+        types = list(task_types) if task_types else registry.registered_types()
+        for task_type in types:
+            registry.get_handler(task_type)  # fail fast on a type nobody handles
+        if not types:
+            raise ValueError("no task types to work on: register handlers or pass --types")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if prefetch < 0:
+            raise ValueError("prefetch must be 0 or more")
+        self.connector = connector
+        self.task_types = types
+        self.concurrency = concurrency
+        self.burst = burst
+        self.grace = grace
+        # Stuck handler threads tolerated before the worker stops for a restart (see _release_stuck).
+        self.max_stuck = concurrency if max_stuck is None else max_stuck
+        self.flush_timeout = flush_timeout
+        self.report_interval = report_interval
+        # Claim-ahead: up to `prefetch` attempts beyond the free threads, as many as the threads
+        # started in the last quarter of `prefetch_wait` (so slow handlers get none), each handed
+        # back if it waits longer than `prefetch_wait` unstarted.
+        self.prefetch = prefetch
+        self.prefetch_wait = prefetch_wait
+        self._buffer: deque[Job] = deque()  # claimed, not yet given to a thread (claim order)
+        self._recent: deque[tuple[float, int]] = deque()  # (when, how many) attempts went to threads
+
+        self._stopping = threading.Event()  # stop claiming; hand back what has not started
+        self._done = threading.Event()  # every thread should exit
+        self._abandon = threading.Event()  # stop trying to send reports: the flush timeout passed
+        self._wake = threading.Event()
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._reports_ready = threading.Event()
+        self._lock = threading.Lock()
+        self._in_flight = 0  # claimed and not yet run to the end: each holds a handler thread
+        self._held: dict[int, Job] = {}  # by id(attempt): claimed and not yet settled
+        self._reports: dict[int, Report] = {}  # by id(report): finished, not yet applied or refused
+        self._stuck = 0  # handlers written off past their deadline that have not returned
+        self._failure: BaseException | None = None  # why the worker stopped, if run() must raise
+        self.processed = 0  # reports applied (hand-backs not counted)
+        self.refused = 0  # reports refused: their attempts were taken away (or the report applied before)
+        self.lost = 0  # reports still unsent when the worker gave up flushing
+        connector.bind(self)
+
+    # -- public --------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Work until stopped (or, with burst, until nothing is due); then shut down gracefully."""
+        self.connector.banner()
+        self.connector.open()
+        self._start_threads()
+        try:
+            self._loop("taskflow-claim-loop", self._claim_step, stop=self._stopping).run()
+        finally:
+            self._shutdown()
+        log.info(
+            "%s stopped after %d tasks (%d reports refused, %d unsent)",
+            self.connector.describe(),
+            self.processed,
+            self.refused,
+            self.lost,
+        )
+        if self._failure is not None:
+            raise self._failure
+
+    def request_stop(self) -> None:
+        """Stop claiming and begin a graceful shutdown (safe to call from a signal handler)."""
+        self._stopping.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Claim again now rather than at the next poll (a wake-up, freed slots)."""
+        self._wake.set()
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    @property
+    def unreported(self) -> int:
+        with self._lock:
+            return len(self._reports)
+
+    def running_attempts(self) -> list[Any]:
+        """The attempts whose handler runs now (stuck ones too)."""
+        with self._lock:
+            return [job.attempt for job in self._held.values() if job.running]
+
+    def held_attempts(self) -> list[Any]:
+        """Every attempt claimed and not yet settled: queued, running, or its report not yet applied or refused."""
+        with self._lock:
+            return [job.attempt for job in self._held.values()]
+
+    def give_up(self, reason: str) -> None:
+        """A thread cannot go on: stop beating at once, stop claiming, and exit for a restart.
+
+        Running tasks get no grace period: a worker that does not beat will have them rescued, and
+        they must not run on here meanwhile. They are reported as interrupted if the reporter lives.
+        """
+        log.error("%s cannot go on (%s): stopping for a restart", self.connector.describe(), reason)
+        self._fail(WorkerFailed(reason))
+        self.connector.halt()
+        self.grace = 0.0
+        self.request_stop()
+
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = error
+        self.request_stop()
+
+    # -- threads -------------------------------------------------------------------------------
+
+    def _loop(self, name: str, step: Any, stop: threading.Event | None = None) -> Any:
+        return self.connector.loop(name, step, on_fatal=self.give_up, stop=stop)
+
+    def _start_threads(self) -> None:
+        for n in range(self.concurrency):
+            self._spawn_handler(f"taskflow-handler-{n}")
+        self._reporter = self._loop("taskflow-reporter", self._report_step, stop=self._abandon).start_thread()
+
+    def _spawn_handler(self, name: str) -> None:
+        self._loop(name, self._handler_step).start_thread()
+
+    # -- claiming ------------------------------------------------------------------------------
+
+    def _claim_step(self) -> bool:
+        """One claim round, then wait until the next is due; False when a burst worker is done."""
+        self._release_stuck()
+        self._hand_back_stale()
+        # Sampled before the round: a report settled during it may have requeued work.
+        idle = self.in_flight == 0 and self.unreported == 0 and not self._buffer
+        self.connector.prepare()
+        try:
+            self._dispatch()
+            claim = self._claim()
+            self._dispatch()
+        except ChannelFailed as exc:
+            self._fail(exc.error)
+            return False
+        self.connector.between_claims(self.held_attempts())
+        if self.burst and idle and not claim.attempts:
+            log.info("nothing is due: a burst worker stops")
+            return False
+        timeout = claim.next_look - time.monotonic()
+        if timeout > 0:
+            self._wake.wait(timeout)
+        self._wake.clear()
+        return True
+
+    def _claim(self) -> Any:
+        in_flight = self.in_flight
+        # A thread is free again when its handler returns; results still being sent are capped
+        # separately, so a slow or unreachable store stops claims, not handlers.
+        if self.unreported >= 2 * (self.concurrency + self.prefetch):
+            room = ahead = 0
+        else:
+            room = max(0, self.concurrency - in_flight - len(self._buffer))
+            ahead = max(0, self._ahead() - max(0, len(self._buffer) - (self.concurrency - in_flight)))
+        claim = self.connector.claim(room, ahead, self.concurrency, in_flight > 0)
+        if claim.attempts:
+            now = time.monotonic()
+            reserved = {id(a) for a in claim.reserved}
+            jobs = [Job(a, reserved=id(a) in reserved, held_since=now) for a in claim.attempts]
+            with self._lock:
+                for job in jobs:
+                    self._held[id(job.attempt)] = job
+            self._buffer.extend(jobs)
+        return claim
+
+    def _ahead(self) -> int:
+        """How many attempts to claim ahead of free threads: as many as went to threads lately, up to prefetch.
+
+        "Lately" is a quarter of prefetch_wait, so at the current pace an attempt claimed ahead waits
+        about that long, well within the bound after which it is handed back.
+        """
+        if not self.prefetch:
+            return 0
+        since = time.monotonic() - self.prefetch_wait / 4
+        while self._recent and self._recent[0][0] < since:
+            self._recent.popleft()
+        return min(self.prefetch, sum(n for _, n in self._recent))
+
+    def _dispatch(self) -> None:
+        """Give claimed attempts to free threads, in claim order (reserved ones started by the connector first)."""
+        free = self.concurrency - self.in_flight
+        if free <= 0 or not self._buffer:
+            return
+        jobs = [self._buffer.popleft() for _ in range(min(free, len(self._buffer)))]
+        reserved = [j.attempt for j in jobs if j.reserved]
+        try:
+            started = {id(a) for a in self.connector.start(reserved)} if reserved else set()
+        except BaseException:
+            self._buffer.extendleft(reversed(jobs))  # still held, in order: started at the next try
+            raise
+        ready: list[Job] = []
+        for job in jobs:
+            if (job.reserved and id(job.attempt) not in started) or job.attempt.stop_requested.is_set():
+                self._queue_report(Report(job.attempt, Outcome.LOST))  # taken away while it waited
+            else:
+                job.reserved = False
+                ready.append(job)
+        with self._lock:
+            self._in_flight += len(ready)
+        for job in ready:
+            self._jobs.put(job)
+        self._recent.append((time.monotonic(), len(ready)))
+
+    def _hand_back_stale(self) -> None:
+        """Hand back attempts claimed ahead that waited unstarted over prefetch_wait: other workers may run them."""
+        cutoff = time.monotonic() - self.prefetch_wait
+        stale = 0
+        while self._buffer and self._buffer[0].held_since < cutoff:
+            self._queue_report(Report(self._buffer.popleft().attempt, Outcome.HANDBACK))
+            stale += 1
+        if stale:
+            log.info("handed back %d task(s) claimed ahead that waited %.1fs unstarted", stale, self.prefetch_wait)
+
+    # -- running handlers -------------------------------------------------------------------------
+
+    def _handler_step(self) -> bool:
+        """Run the next job; False when this thread should end."""
+        job = self._jobs.get()
+        if job is None:
+            return False
+        report = self._execute(job.attempt, job)
+        with self._lock:
+            replaced = job.stuck
+            if job.stuck:
+                self._stuck -= 1  # its slot was freed when it was written off
+            else:
+                self._in_flight -= 1
+            if job.reported and job.settled:
+                self._held.pop(id(job.attempt), None)
+        if not job.reported:
+            self._queue_report(report)
+        self._wake.set()  # a thread is free: the claim loop may claim
+        return not replaced  # a replaced thread ends: another has taken its place in the pool
+
+    def _execute(self, attempt: Any, job: Job | None = None) -> Report:
+        """Run the attempt's handler and time it; whatever it does or raises becomes its report."""
+        if self._stopping.is_set():
+            return Report(attempt, Outcome.HANDBACK)
+        job = job or Job(attempt)
+        # A connection the server dropped since this thread's last task must not fail this one.
+        self.connector.prepare()
+        with self._lock:
+            job.running = True
+        started = time.perf_counter()
+        try:
+            with tasklog.running(attempt):
+                report = self._run_handler(attempt)
+        finally:
+            with self._lock:
+                job.running = False
+        report.cost_ms = int((time.perf_counter() - started) * 1000)
+        return report
+
+    def _run_handler(self, attempt: Any) -> Report:
+        try:
+            return self._outcome(attempt)
+        except LeaseLost as exc:
+            log.warning("%s", exc)
+            return Report(attempt, Outcome.LOST)
+        except InvalidTask as exc:
+            # Bad input from the handler (a malformed signal, a result that cannot be stored, a bad
+            # enqueue): another attempt would do the same, so the task fails now, and only it.
+            return Report(attempt, Outcome.FAIL, error=_error(exc), detail=_traceback(), exception=class_path(exc))
+        except BaseException as exc:  # SystemExit too: a handler must not end its thread
+            self.connector.after_error(exc)
+            if isinstance(exc, KeyboardInterrupt):
+                # Someone wants the process to end (as Django's own backends let it): the attempt
+                # counts as failed, and the worker stops gracefully.
+                log.warning("task %s raised KeyboardInterrupt: the worker stops", attempt.id)
+                self.request_stop()
+            return Report(attempt, Outcome.ERROR, error=_error(exc), detail=_traceback(), exception=class_path(exc))
+
+    def _outcome(self, attempt: Any) -> Report:
+        ctx = TaskContext(attempt, self.connector.channel(attempt))
+        try:
+            result = ctx.run(registry.get_handler(attempt.task_type))
+        except Snooze as signal:
+            return Report(attempt, Outcome.SNOOZE, delay=signal.delay, error=signal.reason)
+        except PermanentFailure as signal:
+            return Report(attempt, Outcome.FAIL, error=signal.reason)
+        except NextStage as signal:
+            if signal.context is not None:
+                self.connector.check_json("context", signal.context)  # the size limit of stored JSON
+            return Report(attempt, Outcome.NEXT_STAGE, next_stage=signal)
+        # Checked here, so a result the store cannot keep fails its own task, not a batch.
+        size = self.connector.check_json("result", result)
+        return Report(attempt, Outcome.SUCCESS, result=result, result_size=size)
+
+    def _release_stuck(self) -> None:
+        """Stop counting handler threads whose attempt is past its deadline, and replace them.
+
+        A Python thread cannot be killed: a stuck handler runs on, but no longer holds a slot, so the
+        worker keeps its full capacity. The store takes the attempt away (taskwatch, or the remote
+        worker's own failure report) and the handler's late report is refused or dropped. Past
+        `max_stuck` such threads the worker stops and run() raises, so a supervisor restarts it.
+        """
+        with self._lock:
+            late = [j for j in self._held.values() if j.running and not j.stuck]
+        late = [j for j in late if self.connector.past_deadline(j.attempt)]
+        if not late:
+            return
+        with self._lock:
+            for job in late:
+                job.stuck = True
+                self._in_flight -= 1
+            self._stuck += len(late)
+            stuck = self._stuck
+        for job in late:
+            attempt = job.attempt
+            report = self.connector.overdue(attempt)
+            log.warning(
+                "task %s attempt %d is past its deadline: its thread is replaced%s",
+                attempt.id,
+                attempt.attempt,
+                " (reported as failed)" if report else "",
+                extra=tasklog.about(attempt),
+            )
+            if report is not None:
+                attempt.stop_requested.set()
+                job.reported = True
+                self._queue_report(report)
+            self._spawn_handler(f"taskflow-handler-for-{attempt.id}")
+        if stuck > self.max_stuck and self._failure is None:
+            log.error("%d handler thread(s) stuck (max %d): stopping for a restart", stuck, self.max_stuck)
+            self._fail(TooManyStuckHandlers(f"{stuck} handler thread(s) stuck past their deadlines"))
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def _queue_report(self, report: Report) -> None:
+        with self._lock:
+            self._reports[id(report)] = report
+        self._reports_ready.set()
+
+    def _report_step(self) -> bool:
+        """Send what has finished, in one batch; False once the worker is done and all is sent."""
+        self._reports_ready.wait(timeout=0.5)
+        self._reports_ready.clear()
+        if self.report_interval:
+            time.sleep(self.report_interval)  # let a batch gather
+        with self._lock:
+            pending = list(self._reports.values())
+        if pending:
+            self.connector.prepare()
+            try:
+                self.connector.report(pending, self._settle)
+            except ChannelFailed as exc:
+                self._fail(exc.error)
+                return False
+            except BaseException:
+                # Kept, and tried again after the loop's pause: a result is never dropped because
+                # the store blinked.
+                self._reports_ready.set()
+                raise
+            if self.unreported:
+                self._reports_ready.set()  # some were replaced (a refused result, say): send them now
+        return not (self._done.is_set() and not self.unreported)
+
+    def _settle(self, reports: Sequence[Report], applied: Sequence[Report]) -> None:
+        """These reports are done with: `applied` were written, the others refused (or had nothing to write)."""
+        accepted = {id(r) for r in applied}
+        with self._lock:
+            for report in reports:
+                if self._reports.pop(id(report), None) is None:
+                    continue
+                job = self._held.get(id(report.task))
+                if job is not None:
+                    job.settled = True
+                    if not job.running:
+                        del self._held[id(report.task)]
+                if report.outcome in (Outcome.HANDBACK, Outcome.LOST):
+                    continue
+                if id(report) in accepted:
+                    self.processed += 1
+                else:
+                    self.refused += 1
+        self._wake.set()  # claiming may have paused while reports piled up
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def _hand_back_unstarted(self) -> None:
+        """Hand back the attempts claimed and not started (their attempt is not counted)."""
+        while self._buffer:
+            self._queue_report(Report(self._buffer.popleft().attempt, Outcome.HANDBACK))
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:
+                continue
+            with self._lock:
+                self._in_flight -= 1
+            self._queue_report(Report(job.attempt, Outcome.HANDBACK))
+
+    def _shutdown(self) -> None:
+        self._stopping.set()
+        self.connector.stopping()
+        started = time.monotonic()
+        self._hand_back_unstarted()
+        # self.grace is read again each time: a worker that must stop at once (give_up) sets it to 0.
+        while self.in_flight and time.monotonic() - started < self.grace:
+            self._release_stuck()
+            self._hand_back_unstarted()
+            self.connector.between_claims(self.held_attempts())
+            time.sleep(0.05)
+        self._hand_back_unstarted()
+        with self._lock:
+            # Stuck attempts are past their deadline already: the store takes them away.
+            unfinished = [j.attempt for j in self._held.values() if j.running and not j.stuck]
+            for attempt in unfinished:
+                self._held[id(attempt)].reported = True
+        if unfinished:
+            # Past the grace period: count the attempt and requeue by the retry policy, so a
+            # task longer than any deploy window cannot loop forever.
+            log.warning("grace period over: requeueing %d unfinished task(s)", len(unfinished))
+            for attempt in unfinished:
+                self._queue_report(
+                    Report(
+                        attempt,
+                        Outcome.ERROR,
+                        error="interrupted: the worker stopped before it finished",
+                        exception=class_path(AttemptInterrupted),
+                    )
+                )
+        deadline = time.monotonic() + self.flush_timeout
+        while self.unreported and time.monotonic() < deadline and self._reporter.is_alive():
+            self.connector.between_claims(self.held_attempts())
+            time.sleep(0.05)
+        for _ in range(self.concurrency):  # stuck threads end by themselves when their handler returns
+            self._jobs.put(None)
+        self._done.set()
+        self._abandon.set()
+        self._reports_ready.set()
+        self._reporter.join(timeout=10)
+        with self._lock:
+            self.lost = len(self._reports)
+        if self.lost:
+            log.error("%d report(s) could not be sent before giving up: their tasks will be rescued", self.lost)
+        # A worker that must be restarted keeps looking alive no longer, and its row stays: it looks
+        # dead, and taskwatch rescues whatever it could not report.
+        self.connector.close(failed=self._failure is not None)
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _traceback() -> str:
+    return traceback.format_exc(limit=20)
