@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from importlib import import_module
 from typing import Any
@@ -52,8 +53,25 @@ class ApiView(perms.PermissionsBeforeNegotiation, APIView):
         return exception_handler
 
 
-def valid(serializer_class: type[drf.Serializer], data: Any, **kwargs: Any) -> dict[str, Any]:
-    serializer = serializer_class(data=data, **kwargs)
+_serializers = threading.local()
+
+
+def checker(serializer_class: type[drf.Serializer]) -> drf.Serializer:
+    """This thread's serializer of `serializer_class`, made once: building one (a deep copy of every
+    declared field) cost more than checking a request's body with it."""
+    made = _serializers.__dict__
+    serializer = made.get(serializer_class)
+    if serializer is None:
+        serializer = made[serializer_class] = serializer_class()
+    return serializer
+
+
+def valid(serializer_class: type[drf.Serializer], data: Any) -> dict[str, Any]:
+    """`data` as validated by `serializer_class`; raises the 400 its `is_valid(raise_exception=True)` raises."""
+    serializer = checker(serializer_class)
+    for previous in ("_validated_data", "_errors", "_data"):  # what is_valid() and .data keep of the last call
+        serializer.__dict__.pop(previous, None)
+    serializer.initial_data = data
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
 
@@ -347,10 +365,10 @@ class BatchSetView(ApiView):
         results: list[dict[str, Any] | None] = [None] * len(items)
         reports: list[tuple[int, remote.RemoteReport]] = []
         checkpoints: list[tuple[int, remote.Held, Any]] = []
-        checker = s.BatchSetItemSerializer()  # one for all items: building a serializer's fields is its dearest part
+        item_checker = checker(s.BatchSetItemSerializer)
         for i, item in enumerate(items):
             try:
-                data = checker.run_validation(item)
+                data = item_checker.run_validation(item)
             except drf.ValidationError as exc:
                 fields = flatten(exc.detail)
                 detail = "; ".join(f"{k}: {' '.join(v)}" for k, v in fields.items())
