@@ -9,7 +9,7 @@ from django.utils import timezone
 
 import taskflow
 from taskflow.api.serializers import HeldTaskSerializer
-from taskflow.engine import rescue
+from taskflow.engine import remote, rescue
 from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task, TaskEvent, WorkerProcess
 from tests.apiclients import Api, api_as
@@ -369,6 +369,7 @@ def test_heartbeats_extend_held_attempts_and_count_as_the_workers_liveness(worke
     a, b = hold(worker)
     Task.objects.update(lease_expires_at=timezone.now())
     WorkerProcess.objects.update(heartbeat_at=timezone.now() - timedelta(minutes=5))
+    remote.forget_beats()  # five minutes later for the server too: its last beat of the worker is long past
     items = [fence(a), fence(b, lease=b["lease"] - 1)]
     status, body = worker.post("/api/tasks/heartbeat/", {"items": items})
     assert status == 200

@@ -379,11 +379,14 @@ class BatchSetView(ApiView):
                 checkpoints.append((i, held, data["checkpoint"]))
             else:
                 reports.append((i, remote_report(held, data)))
-        extended = remote.extend(worker_id, [(h, c) for _, h, c in checkpoints])
-        for (i, held, _), deadline in zip(checkpoints, extended, strict=True):
-            results[i] = refused(held.task_id, deadline) if isinstance(deadline, str) else applied(held.task_id)
-        for (i, report), why in zip(reports, remote.finish(worker_id, [r for _, r in reports]), strict=True):
-            results[i] = applied(report.held.task_id) if why is None else refused(report.held.task_id, why)
+        # Each engine call beats for the worker: one of them is called even for a batch of none.
+        if checkpoints:
+            extended = remote.extend(worker_id, [(h, c) for _, h, c in checkpoints])
+            for (i, held, _), deadline in zip(checkpoints, extended, strict=True):
+                results[i] = refused(held.task_id, deadline) if isinstance(deadline, str) else applied(held.task_id)
+        if reports or not checkpoints:
+            for (i, report), why in zip(reports, remote.finish(worker_id, [r for _, r in reports]), strict=True):
+                results[i] = applied(report.held.task_id) if why is None else refused(report.held.task_id, why)
         return Response({"results": results})
 
 

@@ -5,7 +5,7 @@ token its claim returned), and every write here is guarded by both, so a late or
 of an attempt that was rescued, stopped or already reported changes nothing. Claims go through
 the same limiter and `claim_batch` as the local worker's, reports through `finish_attempts`, and
 every call counts as a liveness beat of the calling worker, so taskwatch treats a remote worker
-exactly like a local one.
+exactly like a local one (each server process writes one beat a second of a worker at most).
 
 Trust: the caller's worker id is one this server issued to its user (`register`), proven by its
 `worker_key`; each attempt is proven by its `attempt_key`, given in the hold answer to its holder
@@ -15,10 +15,12 @@ authenticated worker's id and touches only attempts claimed for it whose key is 
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import secrets
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -29,6 +31,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
+from ..conf import get_settings
 from ..exceptions import InvalidTask, LeaseLost, NextStage
 from ..models import Status, Task
 from . import sql, workers
@@ -240,6 +243,9 @@ def finish(worker_id: str, reports: Sequence[RemoteReport]) -> list[Refused | No
     for remote in reports:
         if remote.outcome not in REPORTABLE:
             raise InvalidTask(f"a remote worker cannot report {remote.outcome!s}")
+    if not reports:
+        _register(worker_id)  # still a call of the worker's: a beat
+        return []
     now = timezone.now()
     attempts = _sorted_out(worker_id, [r.held for r in reports], now)
     _register(worker_id)
@@ -253,8 +259,8 @@ def finish(worker_id: str, reports: Sequence[RemoteReport]) -> list[Refused | No
 
 
 def beat(worker_id: str) -> None:
-    """Record that remote worker `worker_id` (the authenticated caller) is alive."""
-    _register(validate_worker_id(worker_id))
+    """Record that remote worker `worker_id` (the authenticated caller) is alive: its own beat, always written."""
+    _register(validate_worker_id(worker_id), always=True)
 
 
 def held_deadlines(worker_id: str, helds: Sequence[Held]) -> list[datetime | Refused]:
@@ -303,6 +309,9 @@ def extend(worker_id: str, items: Sequence[tuple[Held, Any]]) -> list[datetime |
     for _, checkpoint in items:
         if checkpoint is not ...:
             json_text("checkpoint", checkpoint)
+    if not items:
+        _register(worker_id)  # still a call of the worker's: a beat
+        return []
     now = timezone.now()
     attempts = _sorted_out(worker_id, [h for h, _ in items], now)
     _register(worker_id)
@@ -332,11 +341,56 @@ def _report(attempt: ClaimedTask, remote: RemoteReport) -> Report:
     )
 
 
-def _register(worker_id: str, task_types: list[str] | None = None, concurrency: int = 0) -> None:
-    """A liveness beat of a remote worker, which has no pid here; registered on its first call."""
+def _register(
+    worker_id: str, task_types: list[str] | None = None, concurrency: int = 0, *, always: bool = False
+) -> None:
+    """A liveness beat of a remote worker, which has no pid here; registered on its first call.
+
+    Every call of the worker is a beat, but each server process writes at most one per
+    `_beat_every()` seconds for it (a beat is a committed write, and a busy worker calls many
+    times a second), except the worker's own liveness beat (`always`), every few seconds.
+    """
+    now = time.monotonic()
+    with _beats_lock:
+        if not always and now - _beats.get(worker_id, -math.inf) < _beat_every():
+            return
+        _beats[worker_id] = now
+        if len(_beats) > MAX_BEATS_KEPT:
+            for stale in [w for w, at in _beats.items() if now - at >= _beat_every()]:
+                del _beats[stale]
+    try:
+        _write_beat(worker_id, task_types, concurrency)
+    except BaseException:
+        with _beats_lock:  # not written: the next call tries again
+            if _beats.get(worker_id) == now:
+                del _beats[worker_id]
+        raise
+
+
+def _write_beat(worker_id: str, task_types: list[str] | None, concurrency: int) -> None:
+    # The usual case, a registered worker, is one UPDATE and no transaction.
+    if workers.touch(worker_id):
+        return
     beat = (worker_id, worker_host(worker_id) or "remote", task_types or [], concurrency)
     try:
         with transaction.atomic():
             workers.beat(*beat, pid=0)
     except IntegrityError:  # two of its requests registered it at once: the other one did
         workers.beat(*beat, pid=0)
+
+
+# When this process last wrote each remote worker's beat (time.monotonic()).
+_beats: dict[str, float] = {}
+_beats_lock = threading.Lock()
+MAX_BEATS_KEPT = 10_000
+
+
+def _beat_every() -> float:
+    """Seconds between two beats of one worker written by one server process: a small part of LIVENESS_TIMEOUT."""
+    return min(1.0, get_settings().LIVENESS_TIMEOUT / 10)
+
+
+def forget_beats() -> None:
+    """Write the next call's beat of every worker (for tests that age a worker's beat in the database)."""
+    with _beats_lock:
+        _beats.clear()
