@@ -49,8 +49,16 @@ MAX_HOLD = 1000  # tasks per hold call
 MAX_HOLD_TYPES = 100
 # Seconds after its claim before an attempt its worker does not list is taken for a lost hold answer.
 HOLD_ANSWER_GRACE = 2.0
-# What is read of an attempt a remote worker names: enough to rebuild it as claimed.
-_COLUMNS = (*sql.CLAIM_COLUMNS, "status", "worker_id", "started_at", "lease_expires_at")
+# What is read of an attempt a remote worker names: enough to end it, extend it or tell its deadline.
+# Not the handler's data: none of those reads it, and a payload may be a megabyte of JSON to decode.
+_HANDLER_DATA = ("payload", "context", "checkpoint")
+_COLUMNS = (
+    *(c for c in sql.CLAIM_COLUMNS if c not in _HANDLER_DATA),
+    "status",
+    "worker_id",
+    "started_at",
+    "lease_expires_at",
+)
 # Outcomes a remote worker may report (LOST, RESCUED and TERMINATED are decided on the server).
 REPORTABLE = (Outcome.SUCCESS, Outcome.ERROR, Outcome.FAIL, Outcome.SNOOZE, Outcome.NEXT_STAGE, Outcome.HANDBACK)
 
@@ -210,7 +218,8 @@ def proves(held: Held, worker_id: str) -> bool:
 
 
 def _sorted_out(worker_id: str, helds: Sequence[Held], now: datetime) -> list[ClaimedTask | Refused]:
-    """Each named attempt as still held by `worker_id` (rebuilt as claimed), or why it is not, in one query.
+    """Each named attempt as still held by `worker_id` (rebuilt as claimed, without the handler's
+    payload, context and checkpoint), or why it is not, in one query.
 
     FORBIDDEN: its key is not the one given to `worker_id` for it (so it is not this worker's to
     name, whatever the row says). LEASE_LOST: the key is right, but the task is no longer
@@ -231,8 +240,11 @@ def _sorted_out(worker_id: str, helds: Sequence[Held], now: datetime) -> list[Cl
         elif row is None or row["lease_token"] != h.lease:
             sorted_out.append(Refused.LEASE_LOST)
         else:
-            sorted_out.append(ClaimedTask.running(row, cfgs[row["task_type"]], now))
+            sorted_out.append(ClaimedTask.running({**row, **_NO_DATA}, cfgs[row["task_type"]], now))
     return sorted_out
+
+
+_NO_DATA = dict.fromkeys(_HANDLER_DATA)
 
 
 def finish(worker_id: str, reports: Sequence[RemoteReport]) -> list[Refused | None]:
