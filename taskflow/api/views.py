@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 
 from drf_spectacular.openapi import AutoSchema
@@ -22,7 +23,7 @@ from rest_framework.views import APIView
 import taskflow
 
 from ..engine import operations, remote, validation
-from ..engine.attempts import Outcome
+from ..engine.attempts import ClaimedTask, Outcome
 from ..engine.enqueueing import EXISTING
 from ..exceptions import NextStage
 from ..models import ScheduleCfg, Status, Task
@@ -228,13 +229,47 @@ class HoldView(ApiView):
         worker_id = calling_worker(request)
         data = valid(s.HoldSerializer, request.data)
         claimed = remote.hold(data["task_types"], data["limit"], worker_id)
-        rows = Task.objects.in_bulk([c.id for c in claimed])
-        tasks = []
-        for c in claimed:
-            if c.id in rows:
-                rows[c.id].lease_token = c.lease_token  # the key proves the claim made here, whatever came since
-                tasks.append(rows[c.id])
+        rows = {row["id"]: row for row in Task.objects.filter(id__in=[c.id for c in claimed]).values(*HELD_STATE)}
+        tasks = [held_task(c, rows[c.id]) for c in claimed if c.id in rows]
         return Response({"tasks": s.HeldAttemptSerializer(tasks, many=True, context={"worker_id": worker_id}).data})
+
+
+# What a hold answers is read again after the claim: the state the claim wrote and the fields it does
+# not read. The data it did read (payload, context, checkpoint, ...) is not read and decoded twice.
+HELD_STATE = (
+    "id",
+    "status",
+    "status_msg",
+    "result",
+    "attempts",
+    "max_retries",
+    "timeout",
+    "run_after",
+    "user_id",
+    "worker_id",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "lease_expires_at",
+)
+
+
+def held_task(claimed: ClaimedTask, state: dict[str, Any]) -> SimpleNamespace:
+    """A just-claimed task as HeldAttemptSerializer reads a Task: the claim's data and the row's state."""
+    return SimpleNamespace(
+        **state,
+        task_type=claimed.task_type,
+        key=claimed.key,
+        version=claimed.version,
+        priority=claimed.priority,
+        payload=claimed.payload,
+        stage=claimed.stage,
+        context=claimed.context,
+        checkpoint=claimed.checkpoint,
+        trace_id=claimed.trace_id,
+        lease_token=claimed.lease_token,  # the key proves the claim made here, whatever came since
+    )
 
 
 # -- set: one task's report or operator change -----------------------------------------------------------
