@@ -229,8 +229,7 @@ def _sorted_out(worker_id: str, helds: Sequence[Held], now: datetime) -> list[Cl
     wanted = {h.task_id for h, ok in zip(helds, proven, strict=True) if ok}
     by_id = {}
     if wanted:
-        rows = Task.objects.filter(id__in=wanted, status=Status.PROCESSING, worker_id=worker_id).values(*_COLUMNS)
-        by_id = {row["id"]: row for row in rows}
+        by_id = {row["id"]: row for row in sql.select_held(sql.task_table(), list(wanted), worker_id, _COLUMNS)}
     cfgs = configs.get_many({row["task_type"] for row in by_id.values()}) if by_id else {}
     sorted_out: list[ClaimedTask | Refused] = []
     for h, ok in zip(helds, proven, strict=True):
