@@ -501,14 +501,9 @@ def select_held(table: str, ids: Sequence[int], worker_id: str, columns: Sequenc
     What a remote worker's report, checkpoint or beat reads of the attempts it names: written out
     rather than built by the ORM, whose query building cost more than the query on every call.
     """
-    qn = quote
-    marks = ", ".join(["%s"] * len(ids))
-    sql = (
-        f"SELECT {', '.join(column(name) for name in columns)} FROM {qn(table)} "
-        f"WHERE {qn('id')} IN ({marks}) AND {qn('status')} = %s AND {qn('worker_id')} = %s"
-    )
+    head, tail = _select_held_sql(table, tuple(columns))
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*ids, Status.PROCESSING.value, worker_id])
+        cursor.execute(head + ", ".join(["%s"] * len(ids)) + tail, [*ids, Status.PROCESSING.value, worker_id])
         rows = cursor.fetchall()
     to_datetime = datetime_from_db()
     json_columns = _JSON_COLUMNS.intersection(columns)
@@ -522,6 +517,14 @@ def select_held(table: str, ids: Sequence[int], worker_id: str, columns: Sequenc
             row[name] = to_datetime(row[name])
         out.append(row)
     return out
+
+
+@cache
+def _select_held_sql(table: str, columns: tuple[str, ...]) -> tuple[str, str]:
+    """The statement before and after the id placeholders (names are looked up once, not per call)."""
+    qn = quote
+    head = f"SELECT {', '.join(column(name) for name in columns)} FROM {qn(table)} WHERE {qn('id')} IN ("
+    return head, f") AND {qn('status')} = %s AND {qn('worker_id')} = %s"
 
 
 def mark_processing(table: str, ids: Sequence[int], worker_id: str, now: datetime, deadline: datetime) -> int:
