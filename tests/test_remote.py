@@ -114,3 +114,18 @@ def test_calls_beat_for_their_worker_at_most_once_per_interval_and_its_own_beat_
     time.sleep(remote._beat_every() + 0.05)
     assert remote.hold([T], 1, W) == []
     assert fresh()
+
+
+def test_keys_are_the_salted_hmacs_of_the_current_secret_key() -> None:
+    from django.test import override_settings
+    from django.utils.crypto import salted_hmac
+
+    def expected(salt: str, value: str) -> str:
+        return salted_hmac(salt, value, algorithm="sha256").hexdigest()
+
+    assert remote.attempt_key(7, 2, W) == expected(remote.ATTEMPT_KEY_SALT, f"7:2:{W}")
+    before = remote.worker_key(1, W)
+    assert before == expected(remote.WORKER_KEY_SALT, f"1:{W}")
+    with override_settings(SECRET_KEY="a-rotated-secret-key-" + "x" * 40):
+        assert remote.worker_key(1, W) == expected(remote.WORKER_KEY_SALT, f"1:{W}") != before
+    assert remote.worker_key(1, W) == before
