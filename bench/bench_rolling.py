@@ -296,9 +296,7 @@ def build_history(position: int, rows: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: 40,000 rows, 2,000 tasks, one run a figure"
-    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 40,000 rows, 2,000 tasks, one run a figure")
     parser.add_argument("--rows", type=int, default=None, help="finished rows for the large case (10,000,000)")
     parser.add_argument("--small", type=int, default=None, help="finished rows for the small case (10,000)")
     parser.add_argument("--tasks", type=int, default=None, help="tasks claimed and completed per measurement (20,000)")
