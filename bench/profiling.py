@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,22 +87,33 @@ def summarise_cpu(path: Path, top: int = 12) -> str:
     if not total:
         return f"no worker samples in {path}"
     rest = sum(n for _, n in stacks) - total
-    lines = [f"{total} GIL samples in the running worker ({rest} more in start-up, not counted)", "category shares:"]
-    for label, path_part, func in CATEGORIES:
-        count = sum(n for frames, n in busy if any(_matches(f, path_part, func) for f in frames))
-        lines.append(f"  {100 * count / total:5.1f}%  {label}")
+    header = f"{total} GIL samples in the running worker ({rest} more in start-up, not counted)"
+    return "\n".join([header, *_shares(busy, total, CATEGORIES, top, lambda f: f.in_worker)])
 
+
+def _shares(
+    stacks: list[Stack],
+    total: int,
+    categories: list[tuple[str, str, str]],
+    top: int,
+    ours: Callable[[Frame], bool],
+) -> list[str]:
+    """Category shares of `total` samples, then the hottest of our functions (inclusive) and leaves."""
+    lines = ["category shares:"]
+    for label, path_part, func in categories:
+        count = sum(n for frames, n in stacks if any(_matches(f, path_part, func) for f in frames))
+        lines.append(f"  {100 * count / total:5.1f}%  {label}")
     inclusive: Counter[str] = Counter()
     leaf: Counter[str] = Counter()
-    for frames, n in busy:
-        for name in {f"{f.func} ({_short(f.path)})" for f in frames if f.in_worker}:
+    for frames, n in stacks:
+        for name in {f"{f.func} ({_short(f.path)})" for f in frames if ours(f)}:
             inclusive[name] += n
         leaf[f"{frames[-1].func} ({_short(frames[-1].path)})"] += n
     lines.append(f"top {top} taskflow functions (inclusive):")
     lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in inclusive.most_common(top)]
     lines.append(f"top {top} leaf functions (self time, any code):")
     lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in leaf.most_common(top)]
-    return "\n".join(lines)
+    return lines
 
 
 def summarise_wall(path: Path, top: int = 6) -> str:
@@ -183,18 +195,8 @@ def summarise_server(path: Path, top: int = 15) -> str:
     total = sum(n for _, n in stacks)
     if not total:
         return f"no samples in {path}"
-    lines = [f"{total} GIL samples", "category shares:"]
-    for label, path_part, func in SERVER_CATEGORIES:
-        count = sum(n for frames, n in stacks if any(_matches(f, path_part, func) for f in frames))
-        lines.append(f"  {100 * count / total:5.1f}%  {label}")
-    inclusive: Counter[str] = Counter()
-    leaf: Counter[str] = Counter()
-    for frames, n in stacks:
-        for name in {f"{f.func} ({_short(f.path)})" for f in frames if "taskflow/" in f.path}:
-            inclusive[name] += n
-        leaf[f"{frames[-1].func} ({_short(frames[-1].path)})"] += n
-    lines.append(f"top {top} taskflow functions (inclusive):")
-    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in inclusive.most_common(top)]
-    lines.append(f"top {top} leaf functions (self time, any code):")
-    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in leaf.most_common(top)]
-    return "\n".join(lines)
+    return "\n".join([f"{total} GIL samples", *_shares(stacks, total, SERVER_CATEGORIES, top, _in_taskflow)])
+
+
+def _in_taskflow(frame: Frame) -> bool:
+    return "taskflow/" in frame.path
