@@ -27,7 +27,7 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 os.environ.setdefault("DJANGO_SECRET_KEY", "taskflow-bench-only")
 
 from bench import database  # noqa: E402
-from bench.bench_console import TYPES, fill  # noqa: E402
+from bench.bench_console import TYPES, bulk_rows, fill  # noqa: E402
 
 TARGET_MS = 100.0
 
@@ -59,10 +59,15 @@ def report(name: str, times: list[float], status: int, per: str = "") -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000, help="tasks in the table (default 1,000,000)")
-    parser.add_argument("--repeat", type=int, default=15, help="requests per figure")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 20,000 tasks, 3 requests a figure")
+    parser.add_argument("--rows", type=int, default=None, help="tasks in the table (default 1,000,000)")
+    parser.add_argument("--repeat", type=int, default=None, help="requests per figure (default 15)")
     parser.add_argument("--reuse-db", action="store_true", help="keep a database already filled with --rows tasks")
     args = parser.parse_args()
+    args.rows = args.rows or (20_000 if args.quick else 1_000_000)
+    args.repeat = args.repeat or (3 if args.quick else 15)
+    if args.rows < 1000:
+        raise SystemExit("--rows must be at least 1,000")
     database.ensure_database(os.environ.get("DATABASE_URL", ""), fresh=not args.reuse_db)
 
     import django
@@ -85,8 +90,10 @@ def main() -> None:
     client = APIClient(SERVER_NAME="localhost")
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
 
-    # A task from the middle of the filled week (ids of tasks created by earlier runs are newer).
-    middle = Task.objects.filter(task_type__in=TYPES).order_by("id").values_list("id", flat=True)[args.rows // 3]
+    # A task from the middle of the filled week (ids of tasks created by earlier runs are newer); the
+    # first rows are bench.bulk tasks, the rest are spread over TYPES.
+    typed = args.rows - bulk_rows(args.rows)
+    middle = Task.objects.filter(task_type__in=TYPES).order_by("id").values_list("id", flat=True)[typed // 3]
     key_row = (args.rows // 3) * 3
     run = int(time.time())  # keys of this run's creates: new ones however often it runs on the same data
     tasks = "/api/tasks/"
@@ -108,11 +115,11 @@ def main() -> None:
         times, status = timed_requests(client, "get", url, None, args.repeat)
         report(name, times, status)
     # The 20th page of a type, following `next` links: cursor pages cost the same however deep.
-    url = tasks + "?" + urlencode({"task_type": TYPES[5]})
-    for _ in range(19):
-        url = client.get(url).json()["next"]
+    url, depth = tasks + "?" + urlencode({"task_type": TYPES[5]}), 1
+    while depth < 20 and (following := client.get(url).json()["next"]):
+        url, depth = following, depth + 1
     times, status = timed_requests(client, "get", url, None, args.repeat)
-    report("list, type, 20th page by cursor", times, status)
+    report(f"list, type, page {depth} by cursor", times, status)
 
     creates = [{"task_type": "bench.api", "payload": {"n": i}} for i in range(args.repeat * 10)]
     times, status = timed_requests(client, "post", tasks, creates, len(creates))

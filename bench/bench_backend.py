@@ -29,7 +29,7 @@ from bench import database  # noqa: E402
 from bench.workers import WorkerPool  # noqa: E402
 
 HANDLER_TYPE = "bench.noop"
-DJANGO_TYPE = "bench.benchapp.tasks.django_noop"
+DJANGO_TYPE = "bench.benchapp.django_tasks.django_noop"
 BLOCK = 100  # enqueues in a row through one API before the other takes its turn
 
 
@@ -40,7 +40,7 @@ def enqueue_rates(n: int, runs: int) -> tuple[dict[str, list[float]], dict[str, 
     machine whose other load makes the rates noisy.
     """
     import taskflow
-    from bench.benchapp.tasks import django_noop
+    from bench.benchapp.django_tasks import django_noop
 
     def via_taskflow(first: int) -> None:
         for i in range(first, first + BLOCK):
@@ -80,7 +80,7 @@ def drain_rates(pool: WorkerPool, n: int, concurrency: int, runs: int) -> dict[s
     from django.db.models import Max, Min
 
     import taskflow
-    from bench.benchapp.tasks import django_noop
+    from bench.benchapp.django_tasks import django_noop
     from taskflow.models import Status, Task
 
     rates: dict[str, list[float]] = {"drain @task": [], "drain handler": []}
@@ -154,7 +154,7 @@ def main() -> int:
 def _warm_up() -> None:
     """Create both types' config rows and lease an id node before anything is timed."""
     import taskflow
-    from bench.benchapp.tasks import django_noop
+    from bench.benchapp.django_tasks import django_noop
 
     for i in range(20):
         taskflow.enqueue(HANDLER_TYPE, {"warm": i})

@@ -31,7 +31,7 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "taskflow-bench-only")
 from bench import database  # noqa: E402
 
 TYPES = [f"bench.type{n}" for n in range(9)]
-BULK_TYPE = "bench.bulk"  # BULK_ROWS pending tasks: what the bulk terminate stops
+BULK_TYPE = "bench.bulk"  # pending tasks the bulk terminate stops: BULK_ROWS, or a tenth of a smaller table
 BULK_ROWS = 100_000
 HOSTS = 4
 NODE = 1023  # the id generator's last node: ids minted by this process (node leases) never collide
@@ -53,6 +53,11 @@ class Timing:
     shown: str  # the list's count label ("10,000+"), or "" for other pages
 
 
+def bulk_rows(rows: int) -> int:
+    """How many of `rows` are pending `bench.bulk` tasks (the first ones); a small table keeps most for the types."""
+    return min(BULK_ROWS, rows // 10)
+
+
 def fill(rows: int) -> None:
     """Insert `rows` tasks spread over a week, types, statuses, keys, traces, users, stages, workers."""
     from django.db import connection, transaction
@@ -68,7 +73,7 @@ def fill(rows: int) -> None:
     now_ms = int(time.time() * 1000)
     start_ms = now_ms - rows * SPACING_MS
     table = connection.ops.quote_name(Task._meta.db_table)
-    columns, select = _row_sql(vendor, start_ms)
+    columns, select = _row_sql(vendor, start_ms, bulk_rows(rows))
     with connection.cursor() as cursor:
         if vendor == "mysql":
             cursor.execute("SET time_zone = '+00:00'")  # FROM_UNIXTIME in UTC, as Django stores datetimes
@@ -108,7 +113,7 @@ def _worker(host: int) -> str:
     return f"bench-host-{host}:100:w"
 
 
-def _row_sql(vendor: str, start_ms: int) -> tuple[list[str], str]:
+def _row_sql(vendor: str, start_ms: int, bulk_count: int) -> tuple[list[str], str]:
     """The column list and the SELECT expressions that make row number `seq` into a task."""
     my = vendor == "mysql"
 
@@ -122,7 +127,7 @@ def _row_sql(vendor: str, start_ms: int) -> tuple[list[str], str]:
     def json(expr: str) -> str:
         return expr if my else f"({expr})::jsonb"
 
-    bulk = f"seq <= {BULK_ROWS}"
+    bulk = f"seq <= {bulk_count}"
     bucket = "MOD(seq, 100)"
     # What runs now: 64 tasks (four workers of 16), as a live deployment's processing set is small.
     running = f"(NOT ({bulk}) AND MOD(seq, 15625) = 0)"
@@ -257,14 +262,18 @@ def timed(label: str, work: Callable[[], object]) -> tuple[float, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000, help="tasks in the table (default 1,000,000)")
-    parser.add_argument("--repeat", type=int, default=7, help="requests per page; the median is printed")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 20,000 tasks, 2 requests a page")
+    parser.add_argument("--rows", type=int, default=None, help="tasks in the table (default 1,000,000)")
+    parser.add_argument("--repeat", type=int, default=None, help="requests per page; the median is printed (7)")
     parser.add_argument("--reuse-db", action="store_true", help="keep a database already filled with --rows tasks")
     parser.add_argument("--skip-bulk", action="store_true", help="leave out the bulk terminate (it changes the data)")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN of each page's slowest statement")
     args = parser.parse_args()
-    if args.rows <= BULK_ROWS:
-        raise SystemExit(f"--rows must exceed {BULK_ROWS:,}")
+    args.rows = args.rows or (20_000 if args.quick else 1_000_000)
+    args.repeat = args.repeat or (2 if args.quick else 7)
+    if args.rows < 1000:
+        raise SystemExit("--rows must be at least 1,000")
+    bulk = bulk_rows(args.rows)
     url = os.environ.get("DATABASE_URL", "")
     database.ensure_database(url, fresh=not args.reuse_db)
 
@@ -346,19 +355,19 @@ def main() -> None:
             {"select_across": "1", "_changelist_filters": bulk_filter}
         )
         seconds, response = timed(
-            f"confirmation page (dry run) of terminate, all {BULK_ROWS:,} matching", lambda: client.get(confirm_url)
+            f"confirmation page (dry run) of terminate, all {bulk:,} matching", lambda: client.get(confirm_url)
         )
         print(f"  HTTP {response.status_code}")
         seconds, response = timed(
-            f"bulk terminate of {BULK_ROWS:,} tasks by filter (one POST)",
+            f"bulk terminate of {bulk:,} tasks by filter (one POST)",
             lambda: client.post(
                 "/admin/taskflow/task/operate/terminate/",
                 {"select_across": "1", "_changelist_filters": bulk_filter, "reason": "bench", "_confirm": "1"},
             ),
         )
         stopped = Task.objects.filter(task_type=BULK_TYPE, status=Status.STOPPED).count()
-        print(f"  HTTP {response.status_code}; {stopped:,} stopped; {BULK_ROWS / seconds:,.0f} tasks/s")
-        bulk_task = Task.objects.filter(task_type=BULK_TYPE).order_by("id").values_list("id", flat=True)[BULK_ROWS // 2]
+        print(f"  HTTP {response.status_code}; {stopped:,} stopped; {bulk / seconds:,.0f} tasks/s")
+        bulk_task = Task.objects.filter(task_type=BULK_TYPE).order_by("id").values_list("id", flat=True)[bulk // 2]
         events = "/admin/taskflow/taskevent/"
         after = [
             ("events (after the bulk terminate)", events),

@@ -181,10 +181,13 @@ def repair_pass(n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=5000, help="tasks per measurement (default 5,000)")
-    parser.add_argument("--depth", type=int, default=200, help="length of the failing chain (default 200)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 200 tasks, a chain of 20")
+    parser.add_argument("--n", type=int, default=None, help="tasks per measurement (default 5,000)")
+    parser.add_argument("--depth", type=int, default=None, help="length of the failing chain (default 200)")
     parser.add_argument("--reuse-db", action="store_true", help="keep the database (only migrate it)")
     args = parser.parse_args()
+    args.n = args.n or (200 if args.quick else 5000)
+    args.depth = args.depth or (20 if args.quick else 200)
     database.ensure_database(os.environ.get("DATABASE_URL", ""), fresh=not args.reuse_db)
 
     import django

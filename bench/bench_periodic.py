@@ -41,9 +41,12 @@ def median_ms(run: Callable[[int], object], repeat: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--schedules", type=int, default=100, help="schedules (default 100)")
-    parser.add_argument("--repeat", type=int, default=5, help="passes per figure; the median is printed")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 20 schedules, 2 passes a figure")
+    parser.add_argument("--schedules", type=int, default=None, help="schedules (default 100)")
+    parser.add_argument("--repeat", type=int, default=None, help="passes per figure; the median is printed (5)")
     args = parser.parse_args()
+    args.schedules = args.schedules or (20 if args.quick else 100)
+    args.repeat = args.repeat or (2 if args.quick else 5)
     database.ensure_database(os.environ.get("DATABASE_URL", ""), fresh=True)
 
     import django

@@ -5,7 +5,9 @@ Run from the repository root, e.g.:
   DATABASE_URL=mysql://root@127.0.0.1:3306/tfbench_remote REDIS_URL=redis://127.0.0.1:6379/6 \
     .venv/bin/python bench/bench_remote.py [--quick]
 The example project is served by gunicorn (2 processes, gthread, loopback); the remote workers are
-`python -m taskflow.remote` processes with no database access. Prints figures, never asserts.
+`python -m taskflow.remote` processes with no database access. Their drains alternate with drains by
+local `taskworker --burst` processes with the same threads, the reference. --py-spy PATH profiles the
+server's processes during one more remote drain. Prints figures, never asserts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 os.environ.setdefault("DJANGO_SECRET_KEY", "taskflow-bench-only")
 
-from bench import database  # noqa: E402
+from bench import database, profiling  # noqa: E402
 from bench.workers import WorkerPool  # noqa: E402
 
 TASK_TYPE = "bench.noop"
@@ -43,10 +46,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_gunicorn(pool: WorkerPool, env: dict[str, str], port: int, workers: int, threads: int) -> subprocess.Popen:
+def start_gunicorn(
+    pool: WorkerPool, env: dict[str, str], port: int, workers: int, threads: int, worker_class: str
+) -> subprocess.Popen:
     log_path = pool.log_dir / "gunicorn.log"
     command = [sys.executable, "-m", "gunicorn", "project.wsgi:application", "--bind", f"127.0.0.1:{port}"]
-    command += ["--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads)]
+    command += ["--workers", str(workers), "--worker-class", worker_class, "--threads", str(threads)]
     command += ["--no-control-socket"]  # its default path is shared by every gunicorn of the user
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -109,29 +114,59 @@ def measure_create(url: str, token: str, n: int) -> dict[str, float]:
     }
 
 
-def measure_drain(
-    pool: WorkerPool,
-    env: dict[str, str],
-    url: str,
-    token_file: Path,
-    n: int,
-    concurrency: int,
-    workers: int,
-    timeout: float,
-) -> dict[str, float]:
-    """Enqueue `n` tasks, start `workers` remote workers, time until every task succeeded."""
-    from django.db.models import Max, Min
-
+def enqueue_tasks(n: int) -> None:
     import taskflow
-    from taskflow.models import Status, Task
 
     database.reset_tables()
     for start in range(0, n, 1000):
         taskflow.enqueue_many(
             [{"task_type": TASK_TYPE, "payload": {"i": i}} for i in range(start, min(n, start + 1000))]
         )
+
+
+def process_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) used so far by these running processes."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU time of the whole machine so far, in clock ticks (/proc/stat)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def measure_drain(
+    pool: WorkerPool,
+    n: int,
+    start_workers: Callable[[], list[subprocess.Popen]],
+    timeout: float,
+    server_pids: list[int] | None = None,
+) -> dict[str, float]:
+    """Enqueue `n` tasks, start the workers, time until every task succeeded (then stop them).
+
+    Also the CPU the workers (reaped children), the server processes and the whole machine used
+    meanwhile, which tells whose CPU bounds the drain.
+    """
+    import resource
+
+    from django.db.models import Max, Min
+
+    from taskflow.models import Status, Task
+
+    enqueue_tasks(n)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_before = process_cpu(server_pids or [])
+    busy_before = machine_busy()
     started = time.monotonic()
-    procs = [start_remote(pool, env, url, token_file, concurrency) for _ in range(workers)]
+    procs = start_workers()
     deadline = started + timeout
     done = 0
     while time.monotonic() < deadline:
@@ -139,10 +174,14 @@ def measure_drain(
         if done == n:
             break
         if any(p.poll() is not None for p in procs):
-            raise SystemExit("a remote worker exited:\n" + "\n".join(WorkerPool.tail(p) for p in procs))
+            raise SystemExit("a worker exited:\n" + "\n".join(WorkerPool.tail(p) for p in procs))
         time.sleep(0.1)
     wall = time.monotonic() - started
+    server_cpu = process_cpu(server_pids or []) - server_before
+    busy_after = machine_busy()
     pool.stop(procs)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers_cpu = reaped.ru_utime + reaped.ru_stime - children.ru_utime - children.ru_stime
     span = Task.objects.filter(status=Status.SUCCESS).aggregate(first=Min("started_at"), last=Max("finished_at"))
     once = Task.objects.filter(status=Status.SUCCESS, attempts=1, lease_token=1).count()
     db_seconds = (span["last"] - span["first"]).total_seconds() if done else float("nan")
@@ -154,7 +193,44 @@ def measure_drain(
         "wall_rate": done / wall,
         "db_span_s": db_seconds,
         "db_rate": done / db_seconds if done else 0.0,
+        "workers_cpu": workers_cpu,
+        "server_cpu": server_cpu,
+        "machine_busy": (busy_after[0] - busy_before[0]) / max(1, busy_after[1] - busy_before[1]),
     }
+
+
+def server_workers(master: subprocess.Popen) -> list[int]:
+    """The pids of gunicorn's worker processes (the master's children)."""
+    children = Path(f"/proc/{master.pid}/task/{master.pid}/children")
+    return [int(pid) for pid in children.read_text().split()] if children.exists() else []
+
+
+def profile_server(py_spy: str, master: subprocess.Popen, log_dir: Path, seconds: float) -> list[subprocess.Popen]:
+    """Start py-spy (GIL samples) on each gunicorn worker for `seconds`; returns the profilers."""
+    profilers = []
+    for pid in server_workers(master):
+        raw = log_dir / f"server-{pid}.txt"
+        command = [py_spy, "record", "--gil", "--format", "raw", "--full-filenames", "--rate", "250"]
+        command += ["--duration", str(max(1, int(seconds))), "--pid", str(pid), "-o", str(raw)]
+        profilers.append(
+            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        )
+    return profilers
+
+
+def per_task(drained: dict[str, float], figure: str) -> str:
+    return f"{1000 * drained[figure] / max(1, drained['done']):.2f}"
+
+
+def drain_line(label: str, drained: dict[str, float]) -> str:
+    return (
+        f"{label}: {drained['done']}/{drained['n']} tasks, {drained['db_rate']:,.0f} tasks/s first start to last "
+        f"finish ({drained['db_span_s']:.2f} s), {drained['wall_rate']:,.0f} tasks/s wall from spawning "
+        f"({drained['wall_s']:.1f} s); claimed exactly once: {drained['once']}\n"
+        f"    CPU meanwhile: workers {drained['workers_cpu']:.2f} s ({per_task(drained, 'workers_cpu')} ms a task), "
+        f"server {drained['server_cpu']:.2f} s ({per_task(drained, 'server_cpu')} ms a task), "
+        f"machine {100 * drained['machine_busy']:.0f} % busy"
+    )
 
 
 def main() -> None:
@@ -166,8 +242,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="remote worker processes (2)")
     parser.add_argument("--server-processes", type=int, default=2, help="gunicorn processes (2)")
     parser.add_argument("--server-threads", type=int, default=4, help="threads per gunicorn process (4)")
+    parser.add_argument("--server-class", default="gthread", help="gunicorn worker class (gthread)")
+    parser.add_argument("--repeat", type=int, default=None, help="drains of each kind, alternating (3, quick 1)")
+    parser.add_argument(
+        "--no-local", dest="local", action="store_false", help="leave out the local workers' drains (the reference)"
+    )
+    parser.add_argument("--py-spy", default="", help="also profile the server's processes during a drain (py-spy path)")
     parser.add_argument("--reuse-db", action="store_true", help="keep the database (only migrate it)")
     args = parser.parse_args()
+    args.repeat = args.repeat or (1 if args.quick else 3)
     creates = args.creates or (200 if args.quick else 1000)
     tasks = args.tasks or (2000 if args.quick else 10_000)
 
@@ -200,26 +283,65 @@ def main() -> None:
     port = free_port()
     api = f"http://127.0.0.1:{port}/api/"
     print(f"database: {database.describe()}   redis: {os.environ.get('REDIS_URL') or 'none'}")
-    print(f"server: gunicorn {args.server_processes} processes x {args.server_threads} threads at {api}")
+    print(
+        f"server: gunicorn {args.server_processes} processes x {args.server_threads} threads "
+        f"({args.server_class}) at {api}"
+    )
     print(f"load average: {os.getloadavg()[0]:.2f}   logs: {log_dir}")
     try:
-        start_gunicorn(pool, env, port, args.server_processes, args.server_threads)
+        master = start_gunicorn(pool, env, port, args.server_processes, args.server_threads, args.server_class)
         wait_for_server(api)
         measure_create(api, token, 20)  # warm both server processes
         created = measure_create(api, token, creates)
         print(
-            f"create POST /api/tasks/ x{created['n']}: p50 {created['p50_ms']:.1f} ms  p95 {created['p95_ms']:.1f} ms"
-            f"  mean {created['mean_ms']:.1f} ms  ({created['rate']:.0f}/s, one client)"
+            f"create POST /api/tasks/ x{created['n']}: p50 {created['p50_ms']:.2f} ms  p95 {created['p95_ms']:.2f} ms"
+            f"  mean {created['mean_ms']:.2f} ms  ({created['rate']:.0f}/s, one client)",
+            flush=True,
         )
-        drained = measure_drain(pool, env, api, token_file, tasks, args.concurrency, args.workers, timeout=600)
-        print(
-            f"remote drain {drained['done']}/{drained['n']} tasks, {args.workers} workers x C={args.concurrency}: "
-            f"{drained['wall_rate']:.0f} tasks/s wall ({drained['wall_s']:.1f} s from spawning the workers), "
-            f"{drained['db_rate']:.0f} tasks/s first start to last finish ({drained['db_span_s']:.1f} s); "
-            f"claimed exactly once: {drained['once']}"
-        )
+
+        def remote_workers() -> list[subprocess.Popen]:
+            return [start_remote(pool, env, api, token_file, args.concurrency) for _ in range(args.workers)]
+
+        def local_workers() -> list[subprocess.Popen]:
+            command = ("taskworker", "--types", TASK_TYPE, "--concurrency", str(args.concurrency), "--burst")
+            return [pool.start(*command) for _ in range(args.workers)]
+
+        # Remote and local drains take turns, so a machine whose load drifts favours neither.
+        rates: dict[str, list[float]] = {"remote": [], "local": []}
+        for run in range(args.repeat):
+            drained = measure_drain(pool, tasks, remote_workers, timeout=600, server_pids=server_workers(master))
+            rates["remote"].append(drained["db_rate"])
+            print(drain_line(f"remote drain {run + 1}, {args.workers} workers x C={args.concurrency}", drained))
+            if args.local:
+                drained = measure_drain(pool, tasks, local_workers, timeout=600)
+                rates["local"].append(drained["db_rate"])
+                label = f"local drain {run + 1}, {args.workers} taskworker --burst x C={args.concurrency}"
+                print(drain_line(label, drained))
+        remote_rate = statistics.median(rates["remote"])
+        summary = f"remote drain median {remote_rate:,.0f} tasks/s"
+        if rates["local"]:
+            local_rate = statistics.median(rates["local"])
+            share = 100 * remote_rate / local_rate
+            summary += f", local median {local_rate:,.0f} tasks/s: remote = {share:.0f} % of local"
+        print(summary + f" (medians of {args.repeat}; target >= 5,000 tasks/s and >= 75 % of local)")
+        if args.py_spy:
+            # One more remote drain with the server's processes under py-spy.
+            enqueue_tasks(0)
+            profilers: list[subprocess.Popen] = []
+
+            def profiled_remote_workers() -> list[subprocess.Popen]:
+                profilers.extend(profile_server(args.py_spy, master, log_dir, seconds=max(2.0, tasks / 2000)))
+                return remote_workers()
+
+            measure_drain(pool, tasks, profiled_remote_workers, timeout=600)
+            for profiler in profilers:
+                profiler.wait(timeout=120)
+            for raw in sorted(log_dir.glob("server-*.txt")):
+                print(f"\nserver process {raw.stem.split('-')[1]} during a remote drain (py-spy --gil):")
+                print(profiling.summarise_server(raw))
     finally:
         pool.close()
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -296,10 +296,11 @@ def build_history(position: int, rows: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=10_000_000, help="finished rows for the large case")
-    parser.add_argument("--small", type=int, default=10_000, help="finished rows for the small case")
-    parser.add_argument("--tasks", type=int, default=20_000, help="tasks claimed and completed per measurement")
-    parser.add_argument("--day-rows", type=int, default=1_000_000, help="rows in the day dropped vs deleted")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 40,000 rows, 2,000 tasks, one run a figure")
+    parser.add_argument("--rows", type=int, default=None, help="finished rows for the large case (10,000,000)")
+    parser.add_argument("--small", type=int, default=None, help="finished rows for the small case (10,000)")
+    parser.add_argument("--tasks", type=int, default=None, help="tasks claimed and completed per measurement (20,000)")
+    parser.add_argument("--day-rows", type=int, default=None, help="rows in the day dropped vs deleted (1,000,000)")
     parser.add_argument("--roll-batch", type=int, default=10_000, help="rows moved per roll transaction")
     parser.add_argument(
         "--roll-rows",
@@ -308,7 +309,7 @@ def main() -> None:
         help="rows moved by a real roll (default: all --rows); the history table is then grown to --rows by "
         "INSERT ... SELECT as a roll leaves it",
     )
-    parser.add_argument("--repeat", type=int, default=5, help="runs per throughput measurement")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per throughput measurement (5)")
     parser.add_argument(
         "--buffer-pool",
         type=int,
@@ -318,6 +319,12 @@ def main() -> None:
     )
     parser.add_argument("--reuse-db", action="store_true")
     args = parser.parse_args()
+    quick = args.quick
+    args.rows = args.rows or (40_000 if quick else 10_000_000)
+    args.small = args.small or (5_000 if quick else 10_000)
+    args.tasks = args.tasks or (2_000 if quick else 20_000)
+    args.day_rows = args.day_rows or (10_000 if quick else 1_000_000)
+    args.repeat = args.repeat or (1 if quick else 5)
     roll_rows = min(args.roll_rows or args.rows, args.rows)
 
     url = os.environ.get("DATABASE_URL") or f"sqlite:///{ROOT / 'var' / 'tfbench.sqlite3'}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,22 +87,33 @@ def summarise_cpu(path: Path, top: int = 12) -> str:
     if not total:
         return f"no worker samples in {path}"
     rest = sum(n for _, n in stacks) - total
-    lines = [f"{total} GIL samples in the running worker ({rest} more in start-up, not counted)", "category shares:"]
-    for label, path_part, func in CATEGORIES:
-        count = sum(n for frames, n in busy if any(_matches(f, path_part, func) for f in frames))
-        lines.append(f"  {100 * count / total:5.1f}%  {label}")
+    header = f"{total} GIL samples in the running worker ({rest} more in start-up, not counted)"
+    return "\n".join([header, *_shares(busy, total, CATEGORIES, top, lambda f: f.in_worker)])
 
+
+def _shares(
+    stacks: list[Stack],
+    total: int,
+    categories: list[tuple[str, str, str]],
+    top: int,
+    ours: Callable[[Frame], bool],
+) -> list[str]:
+    """Category shares of `total` samples, then the hottest of our functions (inclusive) and leaves."""
+    lines = ["category shares:"]
+    for label, path_part, func in categories:
+        count = sum(n for frames, n in stacks if any(_matches(f, path_part, func) for f in frames))
+        lines.append(f"  {100 * count / total:5.1f}%  {label}")
     inclusive: Counter[str] = Counter()
     leaf: Counter[str] = Counter()
-    for frames, n in busy:
-        for name in {f"{f.func} ({_short(f.path)})" for f in frames if f.in_worker}:
+    for frames, n in stacks:
+        for name in {f"{f.func} ({_short(f.path)})" for f in frames if ours(f)}:
             inclusive[name] += n
         leaf[f"{frames[-1].func} ({_short(frames[-1].path)})"] += n
     lines.append(f"top {top} taskflow functions (inclusive):")
     lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in inclusive.most_common(top)]
     lines.append(f"top {top} leaf functions (self time, any code):")
     lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in leaf.most_common(top)]
-    return "\n".join(lines)
+    return lines
 
 
 def summarise_wall(path: Path, top: int = 6) -> str:
@@ -153,3 +165,38 @@ def _short(path: str) -> str:
         if marker in path:
             return path.split(marker, 1)[1].lstrip("/0123456789.")
     return path
+
+
+# Buckets of an API server process's GIL samples (bench_remote.py --py-spy), inclusive as above.
+SERVER_CATEGORIES: list[tuple[str, str, str]] = [
+    ("a request in Django (WSGIHandler.__call__)", "django/core/handlers/wsgi.py", "__call__"),
+    ("  middleware before and after the view", "django/middleware/", ""),
+    ("  DRF authentication (perform_authentication)", "rest_framework/views.py", "perform_authentication"),
+    ("  DRF permission checks (check_permissions)", "rest_framework/views.py", "check_permissions"),
+    ("  DRF content negotiation", "rest_framework/negotiation.py", ""),
+    ("  request body parsing (BoundedJSONParser)", "taskflow/api/parsers.py", ""),
+    ("  serializer validation (run_validation)", "rest_framework/", "run_validation"),
+    ("  answer serialization (to_representation)", "", "to_representation"),
+    ("  JSON rendering (JSONRenderer.render)", "rest_framework/renderers.py", "render"),
+    ("  hold (engine/remote.py hold)", "taskflow/engine/remote.py", "hold"),
+    ("  reports (engine/remote.py finish)", "taskflow/engine/remote.py", "finish"),
+    ("  remote worker liveness (_register)", "taskflow/engine/remote.py", "_register"),
+    ("  attempt keys (HMAC)", "taskflow/engine/remote.py", "attempt_key"),
+    ("  create (taskflow.enqueue)", "taskflow/engine/enqueueing.py", "enqueue_many"),
+    ("Django ORM query building + model code (django/db/models/)", "django/db/models/", ""),
+    ("DB cursor execute, Python side (Django wrapper + driver)", "", "execute"),
+    ("gunicorn (accepting, reading, writing)", "gunicorn/", ""),
+]
+
+
+def summarise_server(path: Path, top: int = 15) -> str:
+    """For a `py-spy --gil` profile of an API server process: where its CPU goes, by category and function."""
+    stacks = parse(path)
+    total = sum(n for _, n in stacks)
+    if not total:
+        return f"no samples in {path}"
+    return "\n".join([f"{total} GIL samples", *_shares(stacks, total, SERVER_CATEGORIES, top, _in_taskflow)])
+
+
+def _in_taskflow(frame: Frame) -> bool:
+    return "taskflow/" in frame.path

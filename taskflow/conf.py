@@ -44,6 +44,10 @@ class TaskflowSettings:
     MAX_PAYLOAD_BYTES: int = _setting(1024 * 1024, 1024, 256 * 1024 * 1024)
     # The largest HTTP request body the API reads (larger ones are answered 413 unread).
     MAX_REQUEST_BYTES: int = _setting(8 * 1024 * 1024, 1024, 1024 * 1024 * 1024)
+    # Seconds an API server process reuses a token's user and permissions before reading them
+    # again: a revoked token or permission takes effect within this (at once in the process that
+    # changed it); 0 reads them on every request.
+    API_AUTH_REFRESH: float = _setting(5.0, 0, 60)
 
     # Defaults for a task type's ScheduleCfg row when it is first created (the row's fields have
     # the same ranges: see ScheduleCfg).

@@ -17,6 +17,8 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 
+from taskflow.api.authentication import forget_credentials
+from taskflow.engine import remote
 from taskflow.engine.configs import configs
 from taskflow.engine.redis import get_redis
 
@@ -27,8 +29,14 @@ pytest_plugins = ["taskflow.testing"]
 
 @pytest.fixture(autouse=True)
 def _fresh_state() -> Iterator[None]:
-    """Each test starts with no cached ScheduleCfg and no taskflow keys in Redis."""
+    """Each test starts with no cached ScheduleCfg, no remembered beats, cached tokens or taskflow keys in Redis.
+
+    (A test's rows are rolled back behind the caches' backs: a remote worker's remembered beat
+    would leave it unregistered, a kept token would outlive its user.)
+    """
     configs.clear()
+    remote.forget_beats()
+    forget_credentials()
     client = get_redis()
     if client is not None:
         for k in client.scan_iter("taskflow:*"):

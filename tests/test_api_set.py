@@ -9,7 +9,7 @@ from django.utils import timezone
 
 import taskflow
 from taskflow.api.serializers import HeldTaskSerializer
-from taskflow.engine import rescue
+from taskflow.engine import remote, rescue
 from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task, TaskEvent, WorkerProcess
 from tests.apiclients import Api, api_as
@@ -74,6 +74,31 @@ def test_hold_claims_due_tasks_with_their_leases_and_registers_the_worker(worker
     process = WorkerProcess.objects.get(worker_id=worker.worker_id)
     assert process.host == "remote-host" and process.task_types == [T]
     assert worker.worker_id.startswith("remote-host:4242:")
+
+
+def test_a_held_task_is_answered_as_get_shows_it_after_the_claim(worker: Api) -> None:
+    task = taskflow.enqueue(
+        T,
+        {"p": [1, "two"]},
+        key="held-k",
+        version=3,
+        priority=7,
+        stage="second",
+        context={"c": 1},
+        trace_id="t-held",
+        user_id="u-held",
+        max_retries=4,
+        timeout=90,
+    )
+    # A task back from a failed attempt: a status message, a checkpoint and a count of attempts.
+    Task.objects.filter(pk=task.id).update(status_msg="failed once", checkpoint={"at": 2}, attempts=1)
+    [held] = hold(worker)
+    status, shown = api_as("producer").get(f"/api/tasks/{task.id}/")
+    assert status == 200
+    assert {k: v for k, v in held.items() if k not in ("lease", "lease_expires_at", "attempt_key")} == shown
+    assert held["attempts"] == 2 and held["status"] == "processing" and held["max_retries"] == 4
+    assert held["lease"] == row(held).lease_token
+    assert held["lease_expires_at"] == HeldTaskSerializer(row(held)).data["lease_expires_at"]
 
 
 def test_hold_skips_paused_types_and_respects_concurrency_limits(worker: Api) -> None:
@@ -369,6 +394,7 @@ def test_heartbeats_extend_held_attempts_and_count_as_the_workers_liveness(worke
     a, b = hold(worker)
     Task.objects.update(lease_expires_at=timezone.now())
     WorkerProcess.objects.update(heartbeat_at=timezone.now() - timedelta(minutes=5))
+    remote.forget_beats()  # five minutes later for the server too: its last beat of the worker is long past
     items = [fence(a), fence(b, lease=b["lease"] - 1)]
     status, body = worker.post("/api/tasks/heartbeat/", {"items": items})
     assert status == 200

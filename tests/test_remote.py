@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 import taskflow
 from taskflow.engine import limiter, remote
 from taskflow.engine.attempts import Outcome
 from taskflow.engine.configs import configs
 from taskflow.exceptions import InvalidTask
-from taskflow.models import ScheduleCfg, Status, Task
+from taskflow.models import ScheduleCfg, Status, Task, WorkerProcess
 from taskflow.runtime.worker import new_worker_id
 
 pytestmark = pytest.mark.django_db
@@ -89,3 +93,39 @@ def test_limited_types_hold_redis_slots_until_the_report(redis_client, django_ca
     assert limiter.held_slots(T) == 1
     with django_capture_on_commit_callbacks(execute=True):
         assert len(remote.hold([T], 10, W)) == 2
+
+
+def test_calls_beat_for_their_worker_at_most_once_per_interval_and_its_own_beat_always() -> None:
+    def aged() -> None:
+        WorkerProcess.objects.filter(worker_id=W).update(heartbeat_at=timezone.now() - timedelta(minutes=5))
+
+    def fresh() -> bool:
+        return WorkerProcess.objects.get(worker_id=W).heartbeat_at > timezone.now() - timedelta(seconds=30)
+
+    taskflow.enqueue(T)
+    [task] = remote.hold([T], 1, W)  # registers it
+    aged()
+    assert remote.extend(W, [(held(task), ...)]) != [remote.Refused.LEASE_LOST]
+    assert remote.hold([T], 1, W) == []
+    assert not fresh(), "a beat was written again within the interval"
+    remote.beat(W)  # the worker's own liveness beat
+    assert fresh()
+    aged()
+    time.sleep(remote._beat_every() + 0.05)
+    assert remote.hold([T], 1, W) == []
+    assert fresh()
+
+
+def test_keys_are_the_salted_hmacs_of_the_current_secret_key() -> None:
+    from django.test import override_settings
+    from django.utils.crypto import salted_hmac
+
+    def expected(salt: str, value: str) -> str:
+        return salted_hmac(salt, value, algorithm="sha256").hexdigest()
+
+    assert remote.attempt_key(7, 2, W) == expected(remote.ATTEMPT_KEY_SALT, f"7:2:{W}")
+    before = remote.worker_key(1, W)
+    assert before == expected(remote.WORKER_KEY_SALT, f"1:{W}")
+    with override_settings(SECRET_KEY="a-rotated-secret-key-" + "x" * 40):
+        assert remote.worker_key(1, W) == expected(remote.WORKER_KEY_SALT, f"1:{W}") != before
+    assert remote.worker_key(1, W) == before

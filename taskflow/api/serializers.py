@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -17,6 +18,7 @@ from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.fields import empty
 
 from ..engine import dependencies, remote, validation
 from ..engine import progress as progress_rules
@@ -47,12 +49,34 @@ def engine_rule(check: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know, and a body that is not a JSON object."""
 
+    _given: Any = None  # the keys of the object being validated, while it is
+
     def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
-        return super().to_internal_value(data)
+        if not isinstance(data, dict):
+            return super().to_internal_value(data)
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        self._given = data.keys()
+        try:
+            return super().to_internal_value(data)
+        finally:
+            self._given = None
+
+    @property
+    def _writable_fields(self) -> Any:
+        # While an object is validated, only its own fields and those required or defaulted: DRF
+        # skips an absent optional field without a default anyway (SkipField), after a round of
+        # calls that, for a batch of a thousand reports each naming 5 of 17 fields, cost more than
+        # the rest of the request.
+        given = self._given
+        for field in self._writable:
+            if given is None or field.field_name in given or field.required or field.default is not empty:
+                yield field
+
+    @cached_property
+    def _writable(self) -> list[serializers.Field]:
+        return [field for field in self.fields.values() if not field.read_only]
 
 
 class StrictInteger(serializers.IntegerField):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 
 from drf_spectacular.openapi import AutoSchema
@@ -21,7 +23,7 @@ from rest_framework.views import APIView
 import taskflow
 
 from ..engine import operations, remote, validation
-from ..engine.attempts import Outcome
+from ..engine.attempts import ClaimedTask, Outcome
 from ..engine.enqueueing import EXISTING
 from ..exceptions import NextStage
 from ..models import ScheduleCfg, Status, Task
@@ -52,8 +54,25 @@ class ApiView(perms.PermissionsBeforeNegotiation, APIView):
         return exception_handler
 
 
-def valid(serializer_class: type[drf.Serializer], data: Any, **kwargs: Any) -> dict[str, Any]:
-    serializer = serializer_class(data=data, **kwargs)
+_serializers = threading.local()
+
+
+def checker(serializer_class: type[drf.Serializer]) -> drf.Serializer:
+    """This thread's serializer of `serializer_class`, made once: building one (a deep copy of every
+    declared field) cost more than checking a request's body with it."""
+    made = _serializers.__dict__
+    serializer = made.get(serializer_class)
+    if serializer is None:
+        serializer = made[serializer_class] = serializer_class()
+    return serializer
+
+
+def valid(serializer_class: type[drf.Serializer], data: Any) -> dict[str, Any]:
+    """`data` as validated by `serializer_class`; raises the 400 its `is_valid(raise_exception=True)` raises."""
+    serializer = checker(serializer_class)
+    for previous in ("_validated_data", "_errors", "_data"):  # what is_valid() and .data keep of the last call
+        serializer.__dict__.pop(previous, None)
+    serializer.initial_data = data
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
 
@@ -210,13 +229,48 @@ class HoldView(ApiView):
         worker_id = calling_worker(request)
         data = valid(s.HoldSerializer, request.data)
         claimed = remote.hold(data["task_types"], data["limit"], worker_id)
-        rows = Task.objects.in_bulk([c.id for c in claimed])
-        tasks = []
-        for c in claimed:
-            if c.id in rows:
-                rows[c.id].lease_token = c.lease_token  # the key proves the claim made here, whatever came since
-                tasks.append(rows[c.id])
+        rows = {row["id"]: row for row in Task.objects.filter(id__in=[c.id for c in claimed]).values(*HELD_STATE)}
+        tasks = [held_task(c, rows[c.id]) for c in claimed if c.id in rows]
         return Response({"tasks": s.HeldAttemptSerializer(tasks, many=True, context={"worker_id": worker_id}).data})
+
+
+# What a hold answers is read again after the claim: the state the claim wrote and the fields it does
+# not read. The data it did read (payload, context, checkpoint, ...) is not read and decoded twice.
+HELD_STATE = (
+    "id",
+    "status",
+    "status_msg",
+    "result",
+    "attempts",
+    "max_retries",
+    "timeout",
+    "run_after",
+    "user_id",
+    "worker_id",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "lease_expires_at",
+)
+
+
+def held_task(claimed: ClaimedTask, state: dict[str, Any]) -> SimpleNamespace:
+    """A just-claimed task as HeldAttemptSerializer reads a Task: the claim's data and the row's state."""
+    return SimpleNamespace(
+        **state,
+        task_type=claimed.task_type,
+        key=claimed.key,
+        version=claimed.version,
+        priority=claimed.priority,
+        payload=claimed.payload,
+        stage=claimed.stage,
+        context=claimed.context,
+        checkpoint=claimed.checkpoint,
+        trace_id=claimed.trace_id,
+        lease_token=claimed.lease_token,  # the key proves the claim made here, whatever came since
+        progress=None,  # a new attempt has reported none yet
+    )
 
 
 # -- set: one task's report or operator change -----------------------------------------------------------
@@ -347,10 +401,10 @@ class BatchSetView(ApiView):
         results: list[dict[str, Any] | None] = [None] * len(items)
         reports: list[tuple[int, remote.RemoteReport]] = []
         checkpoints: list[tuple[int, remote.Held, Any, Any]] = []
-        checker = s.BatchSetItemSerializer()  # one for all items: building a serializer's fields is its dearest part
+        item_checker = checker(s.BatchSetItemSerializer)
         for i, item in enumerate(items):
             try:
-                data = checker.run_validation(item)
+                data = item_checker.run_validation(item)
             except drf.ValidationError as exc:
                 fields = flatten(exc.detail)
                 detail = "; ".join(f"{k}: {' '.join(v)}" for k, v in fields.items())
@@ -361,11 +415,16 @@ class BatchSetView(ApiView):
                 checkpoints.append((i, held, data["checkpoint"], data.get("progress")))
             else:
                 reports.append((i, remote_report(held, data)))
-        extended = remote.extend(worker_id, [(h, c) for _, h, c, _ in checkpoints], [p for *_, p in checkpoints])
-        for (i, held, *_), deadline in zip(checkpoints, extended, strict=True):
-            results[i] = refused(held.task_id, deadline) if isinstance(deadline, str) else applied(held.task_id)
-        for (i, report), why in zip(reports, remote.finish(worker_id, [r for _, r in reports]), strict=True):
-            results[i] = applied(report.held.task_id) if why is None else refused(report.held.task_id, why)
+        # Each engine call beats for the worker: one of them is called even for a batch of none.
+        if checkpoints:
+            extended = remote.extend(
+                worker_id, [(h, c) for _, h, c, _ in checkpoints], [p for *_, p in checkpoints]
+            )
+            for (i, held, *_), deadline in zip(checkpoints, extended, strict=True):
+                results[i] = refused(held.task_id, deadline) if isinstance(deadline, str) else applied(held.task_id)
+        if reports or not checkpoints:
+            for (i, report), why in zip(reports, remote.finish(worker_id, [r for _, r in reports]), strict=True):
+                results[i] = applied(report.held.task_id) if why is None else refused(report.held.task_id, why)
         return Response({"results": results})
 
 

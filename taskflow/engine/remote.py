@@ -5,7 +5,7 @@ token its claim returned), and every write here is guarded by both, so a late or
 of an attempt that was rescued, stopped or already reported changes nothing. Claims go through
 the same limiter and `claim_batch` as the local worker's, reports through `finish_attempts`, and
 every call counts as a liveness beat of the calling worker, so taskwatch treats a remote worker
-exactly like a local one.
+exactly like a local one (each server process writes one beat a second of a worker at most).
 
 Trust: the caller's worker id is one this server issued to its user (`register`), proven by its
 `worker_key`; each attempt is proven by its `attempt_key`, given in the hold answer to its holder
@@ -15,20 +15,27 @@ authenticated worker's id and touches only attempts claimed for it whose key is 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import math
 import random
 import re
 import secrets
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from django.utils.crypto import constant_time_compare, salted_hmac
+from django.utils.crypto import constant_time_compare
 
+from ..conf import get_settings
 from ..exceptions import InvalidTask, LeaseLost, NextStage
 from ..models import Status, Task
 from . import sql, workers
@@ -47,8 +54,16 @@ MAX_HOLD = 1000  # tasks per hold call
 MAX_HOLD_TYPES = 100
 # Seconds after its claim before an attempt its worker does not list is taken for a lost hold answer.
 HOLD_ANSWER_GRACE = 2.0
-# What is read of an attempt a remote worker names: enough to rebuild it as claimed.
-_COLUMNS = (*sql.CLAIM_COLUMNS, "status", "worker_id", "started_at", "lease_expires_at")
+# What is read of an attempt a remote worker names: enough to end it, extend it or tell its deadline.
+# Not the handler's data: none of those reads it, and a payload may be a megabyte of JSON to decode.
+_HANDLER_DATA = ("payload", "context", "checkpoint")
+_COLUMNS = (
+    *(c for c in sql.CLAIM_COLUMNS if c not in _HANDLER_DATA),
+    "status",
+    "worker_id",
+    "started_at",
+    "lease_expires_at",
+)
 # Outcomes a remote worker may report (LOST, RESCUED and TERMINATED are decided on the server).
 REPORTABLE = (Outcome.SUCCESS, Outcome.ERROR, Outcome.FAIL, Outcome.SNOOZE, Outcome.NEXT_STAGE, Outcome.HANDBACK)
 
@@ -79,7 +94,16 @@ class Held:
 
 
 def _hmac(salt: str, value: str) -> str:
-    return salted_hmac(salt, value, algorithm="sha256").hexdigest()
+    """salted_hmac(salt, value, algorithm="sha256").hexdigest(), its key derived once per salt and SECRET_KEY."""
+    mac = _keyed_hmac(salt, settings.SECRET_KEY).copy()
+    mac.update(value.encode())
+    return mac.hexdigest()
+
+
+@lru_cache(maxsize=16)
+def _keyed_hmac(salt: str, secret: str) -> hmac.HMAC:
+    # As salted_hmac derives its key; deriving it again for every attempt key was 3/4 of the cost.
+    return hmac.new(hashlib.sha256((salt + secret).encode()).digest(), digestmod=hashlib.sha256)
 
 
 def worker_key(user_pk: object, worker_id: str) -> str:
@@ -208,7 +232,8 @@ def proves(held: Held, worker_id: str) -> bool:
 
 
 def _sorted_out(worker_id: str, helds: Sequence[Held], now: datetime) -> list[ClaimedTask | Refused]:
-    """Each named attempt as still held by `worker_id` (rebuilt as claimed), or why it is not, in one query.
+    """Each named attempt as still held by `worker_id` (rebuilt as claimed, without the handler's
+    payload, context and checkpoint), or why it is not, in one query.
 
     FORBIDDEN: its key is not the one given to `worker_id` for it (so it is not this worker's to
     name, whatever the row says). LEASE_LOST: the key is right, but the task is no longer
@@ -218,8 +243,7 @@ def _sorted_out(worker_id: str, helds: Sequence[Held], now: datetime) -> list[Cl
     wanted = {h.task_id for h, ok in zip(helds, proven, strict=True) if ok}
     by_id = {}
     if wanted:
-        rows = Task.objects.filter(id__in=wanted, status=Status.PROCESSING, worker_id=worker_id).values(*_COLUMNS)
-        by_id = {row["id"]: row for row in rows}
+        by_id = {row["id"]: row for row in sql.select_held(sql.task_table(), list(wanted), worker_id, _COLUMNS)}
     cfgs = configs.get_many({row["task_type"] for row in by_id.values()}) if by_id else {}
     sorted_out: list[ClaimedTask | Refused] = []
     for h, ok in zip(helds, proven, strict=True):
@@ -229,8 +253,11 @@ def _sorted_out(worker_id: str, helds: Sequence[Held], now: datetime) -> list[Cl
         elif row is None or row["lease_token"] != h.lease:
             sorted_out.append(Refused.LEASE_LOST)
         else:
-            sorted_out.append(ClaimedTask.running(row, cfgs[row["task_type"]], now))
+            sorted_out.append(ClaimedTask.running({**row, **_NO_DATA}, cfgs[row["task_type"]], now))
     return sorted_out
+
+
+_NO_DATA = dict.fromkeys(_HANDLER_DATA)
 
 
 def finish(worker_id: str, reports: Sequence[RemoteReport]) -> list[Refused | None]:
@@ -241,6 +268,9 @@ def finish(worker_id: str, reports: Sequence[RemoteReport]) -> list[Refused | No
     for remote in reports:
         if remote.outcome not in REPORTABLE:
             raise InvalidTask(f"a remote worker cannot report {remote.outcome!s}")
+    if not reports:
+        _register(worker_id)  # still a call of the worker's: a beat
+        return []
     now = timezone.now()
     attempts = _sorted_out(worker_id, [r.held for r in reports], now)
     _register(worker_id)
@@ -254,8 +284,8 @@ def finish(worker_id: str, reports: Sequence[RemoteReport]) -> list[Refused | No
 
 
 def beat(worker_id: str) -> None:
-    """Record that remote worker `worker_id` (the authenticated caller) is alive."""
-    _register(validate_worker_id(worker_id))
+    """Record that remote worker `worker_id` (the authenticated caller) is alive: its own beat, always written."""
+    _register(validate_worker_id(worker_id), always=True)
 
 
 def held_deadlines(worker_id: str, helds: Sequence[Held]) -> list[datetime | Refused]:
@@ -307,6 +337,9 @@ def extend(
     for _, checkpoint in items:
         if checkpoint is not ...:
             json_text("checkpoint", checkpoint)
+    if not items:
+        _register(worker_id)  # still a call of the worker's: a beat
+        return []
     progress = list(progress) or [None] * len(items)
     now = timezone.now()
     attempts = _sorted_out(worker_id, [h for h, _ in items], now)
@@ -337,11 +370,56 @@ def _report(attempt: ClaimedTask, remote: RemoteReport) -> Report:
     )
 
 
-def _register(worker_id: str, task_types: list[str] | None = None, concurrency: int = 0) -> None:
-    """A liveness beat of a remote worker, which has no pid here; registered on its first call."""
+def _register(
+    worker_id: str, task_types: list[str] | None = None, concurrency: int = 0, *, always: bool = False
+) -> None:
+    """A liveness beat of a remote worker, which has no pid here; registered on its first call.
+
+    Every call of the worker is a beat, but each server process writes at most one per
+    `_beat_every()` seconds for it (a beat is a committed write, and a busy worker calls many
+    times a second), except the worker's own liveness beat (`always`), every few seconds.
+    """
+    now = time.monotonic()
+    with _beats_lock:
+        if not always and now - _beats.get(worker_id, -math.inf) < _beat_every():
+            return
+        _beats[worker_id] = now
+        if len(_beats) > MAX_BEATS_KEPT:
+            for stale in [w for w, at in _beats.items() if now - at >= _beat_every()]:
+                del _beats[stale]
+    try:
+        _write_beat(worker_id, task_types, concurrency)
+    except BaseException:
+        with _beats_lock:  # not written: the next call tries again
+            if _beats.get(worker_id) == now:
+                del _beats[worker_id]
+        raise
+
+
+def _write_beat(worker_id: str, task_types: list[str] | None, concurrency: int) -> None:
+    # The usual case, a registered worker, is one UPDATE and no transaction.
+    if workers.touch(worker_id):
+        return
     beat = (worker_id, worker_host(worker_id) or "remote", task_types or [], concurrency)
     try:
         with transaction.atomic():
             workers.beat(*beat, pid=0)
     except IntegrityError:  # two of its requests registered it at once: the other one did
         workers.beat(*beat, pid=0)
+
+
+# When this process last wrote each remote worker's beat (time.monotonic()).
+_beats: dict[str, float] = {}
+_beats_lock = threading.Lock()
+MAX_BEATS_KEPT = 10_000
+
+
+def _beat_every() -> float:
+    """Seconds between two beats of one worker written by one server process: a small part of LIVENESS_TIMEOUT."""
+    return min(1.0, get_settings().LIVENESS_TIMEOUT / 10)
+
+
+def forget_beats() -> None:
+    """Write the next call's beat of every worker (for tests that age a worker's beat in the database)."""
+    with _beats_lock:
+        _beats.clear()

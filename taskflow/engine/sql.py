@@ -492,6 +492,41 @@ def select_due(table: str, task_type: str, limit: int, host: str, now: datetime)
     return out
 
 
+_DATETIME_COLUMNS = {"run_after", "started_at", "lease_expires_at", "created_at", "updated_at", "finished_at"}
+
+
+def select_held(table: str, ids: Sequence[int], worker_id: str, columns: Sequence[str]) -> list[dict[str, Any]]:
+    """`columns` of the tasks among `ids` processing for `worker_id` (JSON and times converted), one query.
+
+    What a remote worker's report, checkpoint or beat reads of the attempts it names: written out
+    rather than built by the ORM, whose query building cost more than the query on every call.
+    """
+    head, tail = _select_held_sql(table, tuple(columns))
+    with connection.cursor() as cursor:
+        cursor.execute(head + ", ".join(["%s"] * len(ids)) + tail, [*ids, Status.PROCESSING.value, worker_id])
+        rows = cursor.fetchall()
+    to_datetime = datetime_from_db()
+    json_columns = _JSON_COLUMNS.intersection(columns)
+    datetime_columns = _DATETIME_COLUMNS.intersection(columns)
+    out = []
+    for values in rows:
+        row = dict(zip(columns, values, strict=True))
+        for name in json_columns:
+            row[name] = json_from_db(row[name])
+        for name in datetime_columns:
+            row[name] = to_datetime(row[name])
+        out.append(row)
+    return out
+
+
+@cache
+def _select_held_sql(table: str, columns: tuple[str, ...]) -> tuple[str, str]:
+    """The statement before and after the id placeholders (names are looked up once, not per call)."""
+    qn = quote
+    head = f"SELECT {', '.join(column(name) for name in columns)} FROM {qn(table)} WHERE {qn('id')} IN ("
+    return head, f") AND {qn('status')} = %s AND {qn('worker_id')} = %s"
+
+
 def mark_processing(
     table: str, ids: Sequence[int], worker_id: str, now: datetime, deadline: datetime, *, started: bool = True
 ) -> int:

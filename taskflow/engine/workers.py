@@ -22,10 +22,14 @@ from . import sql
 log = logging.getLogger("taskflow.watch")
 
 
+def touch(worker_id: str) -> bool:
+    """Record that `worker_id` is alive now, if it is registered; False if it has no liveness row."""
+    return bool(WorkerProcess.objects.filter(worker_id=worker_id).update(heartbeat_at=sql.database_now()))
+
+
 def beat(worker_id: str, host: str, task_types: list[str], concurrency: int, pid: int | None = None) -> None:
     """Record that `worker_id` is alive now (registering it on its first beat)."""
-    updated = WorkerProcess.objects.filter(worker_id=worker_id).update(heartbeat_at=sql.database_now())
-    if not updated:
+    if not touch(worker_id):
         WorkerProcess.objects.create(
             worker_id=worker_id,
             host=host,
