@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, NoReturn, Protocol
 
 from ..engine.progress import Progress, ProgressThrottle
 from ..exceptions import LeaseLost, NextStage, PermanentFailure, Snooze
+from .event_loop import blocking_executor
 
 log = logging.getLogger("taskflow.worker")
-
-# Where a sync channel call made on an event loop runs (see TaskContext._write): a database call
-# there is refused by Django, and would block every other handler on the loop anyway.
-_off_loop = ThreadPoolExecutor(max_workers=4, thread_name_prefix="taskflow-ctx-off-loop")
 
 
 class AttemptChannel(Protocol):
@@ -130,9 +127,11 @@ class TaskContext:
         """The channel's heartbeat; called on an event loop (a sync call in an async handler), made in a
         thread and waited for: correct (Django allows no database call on a loop), but it holds up the
         loop's other handlers meanwhile, which the awaitable variants do not."""
-        if _on_event_loop():
-            return _off_loop.submit(self._channel.heartbeat, checkpoint, progress).result()
-        return self._channel.heartbeat(checkpoint, progress)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return self._channel.heartbeat(checkpoint, progress)
+        return _call_off_loop(loop, self._channel.heartbeat, checkpoint, progress)
 
     def progress(self, done: float, total: float, message: str = "") -> None:
         """Say how far this attempt got (`done` of `total`, numbers >= 0, `message` up to 200 characters).
@@ -196,9 +195,24 @@ class TaskContext:
         raise NextStage(stage, context=context, delay=delay, priority=priority)
 
 
-def _on_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+def _call_off_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call `fn` in another thread and wait for it: in the worker's I/O pool, or a thread of its own
+    on a loop that is not a worker's (a test's asyncio.run, say), which ends with its connections."""
+    executor = blocking_executor(loop)
+    if executor is not None:
+        return executor.submit(fn, *args).result()
+    outcome: list[Any] = []
+
+    def call() -> None:
+        try:
+            outcome.append((True, fn(*args)))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=call, name="taskflow-ctx-call")
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value

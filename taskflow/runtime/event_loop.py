@@ -13,11 +13,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 log = logging.getLogger("taskflow.worker")
+
+_executors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Executor] = weakref.WeakKeyDictionary()
+
+
+def blocking_executor(loop: asyncio.AbstractEventLoop) -> Executor | None:
+    """The I/O thread pool of a worker's event loop (None for a loop that is not a worker's)."""
+    return _executors.get(loop)
 
 
 class _PreparedExecutor(ThreadPoolExecutor):
@@ -43,6 +51,7 @@ class EventLoopThread:
         self.loop = asyncio.new_event_loop()
         self._executor = _PreparedExecutor(before_call, io_threads, f"{name}-io")
         self.loop.set_default_executor(self._executor)
+        _executors[self.loop] = self._executor
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> EventLoopThread:
