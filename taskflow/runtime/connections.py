@@ -78,7 +78,9 @@ def _close(conn) -> None:  # noqa: ANN001
         conn.close()
 
 
-def supervised(name: str, step: Step, *, on_fatal: Callable[[str], None], stop: threading.Event | None = None) -> Loop:
+def supervised(
+    name: str, step: Step, *, on_fatal: Callable[[str], None], stop: threading.Event | None = None
+) -> Loop:
     """A Loop for a thread that uses the database: outages waited out, its connections closed as it ends."""
     # After an outage the other threads' connections are probably gone too: suspect_all.
     return Loop(name, step, on_fatal=on_fatal, stop=stop, outages=OUTAGES, on_outage=suspect_all, on_exit=close_own)

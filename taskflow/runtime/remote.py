@@ -219,6 +219,7 @@ def _json_text(name: str, value: Any) -> str:
         raise InvalidTask(f"{name} must be JSON-serialisable: {exc}") from None
 
 
+
 def failure_item(attempt: RemoteAttempt, error: str, *, retry: bool = True, detail: str = "") -> dict[str, Any]:
     item: dict[str, Any] = {**attempt.fence, "status": "failed", "error": error[:4000]}
     if not retry:
