@@ -75,6 +75,9 @@ class TaskflowSettings:
     # seconds one may wait unstarted before it is handed back (runtime.runner's PREFETCH defaults).
     PREFETCH: int = _setting(256, 0, 100_000)
     PREFETCH_WAIT: float = _setting(1.0, 0.01, 3600)
+    # Async (`async def`) handlers a worker runs at once on its event loop, apart from its threads
+    # (docs/workers.md; runtime.runner's ASYNC_CONCURRENCY default).
+    ASYNC_CONCURRENCY: int = _setting(1000, 1, 100_000)
     GLOBAL_CONCURRENCY_LIMIT: int = _setting(0, 0, MAX_INT)
     RECONCILE_INTERVAL: float = _setting(30.0, 0.01, DAY)
     WATCH_INTERVAL: float = _setting(5.0, 0.01, DAY)

@@ -22,7 +22,7 @@ from .exceptions import UnknownTaskType
 from .runtime import logs
 from .runtime.remote import RemoteWorker
 from .runtime.remote_client import AccessDenied, ApiClient, ApiError
-from .runtime.runner import WorkerFailed
+from .runtime.runner import ASYNC_CONCURRENCY, WorkerFailed
 
 
 def _positive_int(text: str) -> int:
@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--prefetch", type=_non_negative_int, default=0, help="tasks held ahead of free threads, at most (0)"
     )
+    parser.add_argument(
+        "--async-concurrency",
+        type=_positive_int,
+        default=ASYNC_CONCURRENCY,
+        help=f"async handlers run at once on the event loop ({ASYNC_CONCURRENCY})",
+    )
     parser.add_argument("--burst", action="store_true", help="exit once nothing is due")
     parser.add_argument("--grace", type=_seconds, default=30.0, help="seconds running tasks get at a stop (30)")
     parser.add_argument("--poll-interval", type=_seconds, default=1.0, help="seconds between holds when idle (1)")
@@ -108,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             beat_interval=args.beat_interval or 5.0,
             flush_timeout=args.flush_timeout,
             prefetch=args.prefetch,
+            async_concurrency=args.async_concurrency,
         )
     except (ValueError, UnknownTaskType) as exc:
         return _fail(str(exc))

@@ -4,9 +4,18 @@ This module is also what bench/bench_remote.py's remote workers import, and they
 settings: the `django.tasks` function (which needs them) lives in `django_tasks.py`.
 """
 
+import asyncio
+
 import taskflow
 
 
 @taskflow.handler("bench.noop")
 def noop(ctx):  # noqa: ANN001, ANN201
+    return None
+
+
+@taskflow.handler("bench.async_sleep")
+async def async_sleep(ctx):  # noqa: ANN001, ANN201
+    """Waits `seconds` (default 1) without a thread: bench/bench_async.py drains thousands of these at once."""
+    await asyncio.sleep(ctx.payload.get("seconds", 1.0))
     return None

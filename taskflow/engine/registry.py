@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -41,3 +42,8 @@ def registered_types() -> list[str]:
 
 def _qualname(fn: Handler) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def is_async(task_type: str) -> bool:
+    """Whether the handler of `task_type` is an `async def` function (run on the worker's event loop)."""
+    return inspect.iscoroutinefunction(get_handler(task_type))

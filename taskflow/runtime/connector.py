@@ -67,11 +67,13 @@ class Connector(Protocol):
     def halt(self) -> None:
         """Stop beating at once (any thread): the worker is failing, its attempts will be rescued."""
 
-    def claim(self, room: int, ahead: int, capacity: int, busy: bool) -> Claim:
+    def claim(self, room: int, ahead: int, capacity: int, busy: bool, task_types: list[str] | None = None) -> Claim:
         """Claim up to `room` due attempts for free threads and `ahead` more to run after them.
 
         `capacity`: the most the worker runs at once; `busy`: some run now. Attempts claimed ahead
-        may be reserved (not started: a worker that dies hands them back uncounted).
+        may be reserved (not started: a worker that dies hands them back uncounted). `task_types`:
+        those of the worker's types to claim for (None: all; async handlers' types have a capacity
+        of their own, so the runtime claims for them apart).
         """
 
     def start(self, reserved: list[Any]) -> list[Any]:

@@ -9,13 +9,16 @@ with no settings and no database.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, NoReturn, Protocol
 
 from ..engine.progress import Progress, ProgressThrottle
 from ..exceptions import LeaseLost, NextStage, PermanentFailure, Snooze
+from .event_loop import blocking_executor
 
 log = logging.getLogger("taskflow.worker")
 
@@ -94,13 +97,41 @@ class TaskContext:
         return self._channel.deadline
 
     def heartbeat(self) -> None:
-        """Extend this attempt's deadline by its timeout; raises LeaseLost if the task was taken away."""
-        self._channel.heartbeat(progress=self._progress.take())
+        """Extend this attempt's deadline by its timeout; raises LeaseLost if the task was taken away.
+
+        In an async handler, `await ctx.aheartbeat()` (called here, it blocks the event loop while it writes).
+        """
+        self._write(progress=self._progress.take())
 
     def save_checkpoint(self, value: Any) -> None:
         """Persist progress (JSON) so a later attempt can resume; also extends the deadline."""
-        self._channel.heartbeat(value, progress=self._progress.take())
+        self._write(value, progress=self._progress.take())
         self.checkpoint = value
+
+    async def aheartbeat(self) -> None:
+        """heartbeat() for an async handler: the write runs in a thread, so the event loop runs on."""
+        await asyncio.to_thread(self._channel.heartbeat, progress=self._progress.take())
+
+    async def asave_checkpoint(self, value: Any) -> None:
+        """save_checkpoint() for an async handler: the write runs in a thread, so the event loop runs on."""
+        await asyncio.to_thread(self._channel.heartbeat, value, progress=self._progress.take())
+        self.checkpoint = value
+
+    async def aprogress(self, done: float, total: float, message: str = "") -> None:
+        """progress() for an async handler: a due write runs in a thread, so the event loop runs on."""
+        due = self._progress.offer(done, total, message)
+        if due is not None:
+            await asyncio.to_thread(self._channel.heartbeat, progress=due)
+
+    def _write(self, checkpoint: Any = ..., progress: Progress | None = None) -> datetime:
+        """The channel's heartbeat; called on an event loop (a sync call in an async handler), made in a
+        thread and waited for: correct (Django allows no database call on a loop), but it holds up the
+        loop's other handlers meanwhile, which the awaitable variants do not."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return self._channel.heartbeat(checkpoint, progress)
+        return _call_off_loop(loop, self._channel.heartbeat, checkpoint, progress)
 
     def progress(self, done: float, total: float, message: str = "") -> None:
         """Say how far this attempt got (`done` of `total`, numbers >= 0, `message` up to 200 characters).
@@ -112,7 +143,7 @@ class TaskContext:
         """
         due = self._progress.offer(done, total, message)
         if due is not None:
-            self._channel.heartbeat(progress=due)
+            self._write(progress=due)
 
     def run(self, handler: Callable[[TaskContext], Any]) -> Any:
         """Call `handler` with this context; once it returns or raises, write its last progress (before the report)."""
@@ -121,11 +152,22 @@ class TaskContext:
         finally:
             self.flush_progress()
 
+    async def arun(self, handler: Callable[[TaskContext], Awaitable[Any]]) -> Any:
+        """Await the async `handler` with this context; then write its last progress, as run() does."""
+        try:
+            return await handler(self)
+        finally:
+            pending = self._progress.take()
+            if pending is not None:
+                await asyncio.to_thread(self._write_last_progress, pending)
+
     def flush_progress(self) -> None:
         """Write the last progress not yet written (the throttle may have held it back)."""
         pending = self._progress.take()
-        if pending is None:
-            return
+        if pending is not None:
+            self._write_last_progress(pending)
+
+    def _write_last_progress(self, pending: Progress) -> None:
         try:
             self._channel.heartbeat(progress=pending)
         except LeaseLost:
@@ -151,3 +193,26 @@ class TaskContext:
     ) -> NoReturn:
         """Requeue the task at `stage` (optionally with new context, delay and priority)."""
         raise NextStage(stage, context=context, delay=delay, priority=priority)
+
+
+def _call_off_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call `fn` in another thread and wait for it: in the worker's I/O pool, or a thread of its own
+    on a loop that is not a worker's (a test's asyncio.run, say), which ends with its connections."""
+    executor = blocking_executor(loop)
+    if executor is not None:
+        return executor.submit(fn, *args).result()
+    outcome: list[Any] = []
+
+    def call() -> None:
+        try:
+            outcome.append((True, fn(*args)))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=call, name="taskflow-ctx-call")
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value

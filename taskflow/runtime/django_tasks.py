@@ -8,8 +8,10 @@ else (retries, timeouts, limits, reporting) is the worker's as for any handler.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from inspect import iscoroutinefunction
 from typing import Any
 
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
@@ -17,6 +19,7 @@ from django.tasks.base import TaskContext as DjangoTaskContext
 from django.tasks.exceptions import InvalidTaskBackend
 from django.tasks.signals import task_started
 from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
 
 from ..engine import djangotasks, registry
 from ..exceptions import InvalidResult
@@ -33,13 +36,32 @@ class ProgressTaskContext(DjangoTaskContext):
         """Say how far this run got; shown by the console and the API (see TaskContext.progress)."""
         self.attempt_context.progress(done, total, message)
 
+    async def aprogress(self, done: float, total: float, message: str = "") -> None:
+        """progress() for an `async def` task: a due write runs in a thread, so the event loop runs on."""
+        await self.attempt_context.aprogress(done, total, message)
+
 
 def run_django_task(ctx: TaskContext) -> Any:
-    """The handler of every django.tasks task type: call the function as Django's backends would.
+    """The handler of every django.tasks task type with a plain function: call it as Django's backends would.
 
     `task_finished` is not sent here: it goes out where the task's end is written, once that
     commits (the backend's send_task_finished), so it is sent once whoever ends the task.
     """
+    task, result, call_args = _start(ctx)
+    return _json_result(task, task.call(*call_args, **result.kwargs))
+
+
+async def arun_django_task(ctx: TaskContext) -> Any:
+    """The handler of django.tasks task types with an `async def` function: awaited on the worker's event loop.
+
+    What touches the database (reading the task, `task_started`'s receivers) runs in a thread.
+    """
+    task, result, call_args = await asyncio.to_thread(_start, ctx)
+    return _json_result(task, await task.acall(*call_args, **result.kwargs))
+
+
+def _start(ctx: TaskContext) -> tuple[Any, Any, list[Any]]:
+    """Read the task as a result, send `task_started`; (task, result, positional arguments to call it with)."""
     backend = _backend(ctx.payload)
     # The stored task as a result (RUNNING, this attempt's worker last): what signals and the
     # function's context see, as a get_result() would show it now.
@@ -50,9 +72,11 @@ def run_django_task(ctx: TaskContext) -> Any:
     task = result.task
     task_started.send(type(backend), task_result=result)
     if task.takes_context:
-        value = task.call(ProgressTaskContext(task_result=result, attempt_context=ctx), *result.args, **result.kwargs)
-    else:
-        value = task.call(*result.args, **result.kwargs)
+        return task, result, [ProgressTaskContext(task_result=result, attempt_context=ctx), *result.args]
+    return task, result, list(result.args)
+
+
+def _json_result(task: Any, value: Any) -> Any:
     try:
         return normalize_json(value)
     except (TypeError, ValueError) as exc:
@@ -84,8 +108,14 @@ def select_task_types(types: Iterable[str], queues: Iterable[str]) -> list[str]:
     if module_paths:
         django_types += djangotasks.worker_task_types(module_paths, queue_names or _configured_queues())
     for task_type in django_types:
-        registry.handler(task_type)(run_django_task)
+        registry.handler(task_type)(arun_django_task if _is_async(task_type) else run_django_task)
     return others + django_types
+
+
+def _is_async(task_type: str) -> bool:
+    """Whether the django.tasks function of `task_type` is an `async def` one (Django's own test: Task.call)."""
+    defined = import_string(djangotasks.split_task_type(task_type)[0])
+    return iscoroutinefunction(getattr(defined, "func", None))
 
 
 def _configured_queues() -> list[str]:

@@ -41,7 +41,7 @@ from ..exceptions import InvalidTask, LeaseLost
 from . import logs
 from .connector import ChannelFailed, Claim, Settle
 from .remote_client import AccessDenied, ApiClient, ApiError, Rejected, Unreachable
-from .runner import Runner
+from .runner import ASYNC_CONCURRENCY, Runner
 from .supervision import Loop, Step
 
 log = logging.getLogger("taskflow.remote")
@@ -320,7 +320,7 @@ class HttpConnector:
 
     # -- holding -------------------------------------------------------------------------------
 
-    def claim(self, room: int, ahead: int, capacity: int, busy: bool) -> Claim:
+    def claim(self, room: int, ahead: int, capacity: int, busy: bool, task_types: list[str] | None = None) -> Claim:
         """Hold as many due tasks as there is room for, ahead too: a hold starts its attempts (it counts them)."""
         room += ahead
         now = time.monotonic()
@@ -337,7 +337,7 @@ class HttpConnector:
                 worker_id = self.client.register(host_name(), os.getpid(), worker.task_types, concurrency)
                 log.info("registered as remote worker %s", worker_id)
             asked_at = time.monotonic()
-            tasks, server_now = self.client.hold(worker.task_types, limit)
+            tasks, server_now = self.client.hold(worker.task_types if task_types is None else task_types, limit)
         except ApiError as exc:
             raise self._failed(exc) from None
         attempts = [RemoteAttempt.from_json(task, asked_at, server_now) for task in tasks]
@@ -500,6 +500,7 @@ class RemoteWorker(Runner):
         flush_timeout: float = 60.0,
         max_stuck: int | None = None,
         prefetch: int = 0,
+        async_concurrency: int = ASYNC_CONCURRENCY,
     ) -> None:
         """`prefetch`: tasks held ahead of free threads (0 by default: a hold counts its attempts, so a
         remote worker that dies would have them rescued as failed attempts, not handed back)."""
@@ -514,6 +515,7 @@ class RemoteWorker(Runner):
             max_stuck=max_stuck,
             flush_timeout=flush_timeout,
             prefetch=prefetch,
+            async_concurrency=async_concurrency,
         )
 
     @property

@@ -15,11 +15,16 @@ and a new thread takes its place; past `max_stuck` such threads the worker stops
 stop, attempts not started are handed back (pending again, the attempt not counted), running ones
 get `grace` seconds, and what is still running then is reported as interrupted (a counted attempt).
 
+Async handlers (`async def`) run on one event loop thread instead (`event_loop.py`), up to
+`async_concurrency` at once, claimed for separately from the thread slots; past its deadline, on a
+stop of its task, or past the grace period of a shutdown, an async handler is cancelled.
+
 Nothing here imports Django: the remote worker uses this runtime with no settings.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -34,6 +39,7 @@ from ..engine import registry, tasklog
 from ..engine.outcomes import Outcome, Report
 from ..exceptions import (
     AttemptInterrupted,
+    AttemptTimedOut,
     InvalidTask,
     LeaseLost,
     NextStage,
@@ -41,14 +47,17 @@ from ..exceptions import (
     Snooze,
     class_path,
 )
-from .connector import ChannelFailed, Connector
+from .connector import ChannelFailed, Claim, Connector
 from .context import TaskContext
+from .event_loop import EventLoopThread
 
 log = logging.getLogger("taskflow.worker")
 
 # Defaults of the TASKFLOW settings of the same names (conf.py), which the remote worker has not.
 PREFETCH = 256  # attempts claimed ahead of free threads, at most
 PREFETCH_WAIT = 1.0  # seconds an attempt claimed ahead may wait unstarted before it is handed back
+ASYNC_CONCURRENCY = 1000  # async handlers run at once on the event loop, at most
+ASYNC_WATCH_INTERVAL = 0.2  # seconds between looks for async handlers to cancel (past their deadline, stopped)
 
 
 class WorkerFailed(RuntimeError):
@@ -70,6 +79,9 @@ class Job:
     stuck: bool = False  # written off past its deadline while its handler runs on
     reported: bool = False  # its end was reported when it was written off: the handler's late one is dropped
     settled: bool = False  # its report was applied or refused
+    coroutine: bool = False  # an async handler's: it runs on the event loop, not in a thread
+    task: asyncio.Task | None = None  # the coroutine's task on the event loop, once created
+    cancelled: str = ""  # why its coroutine was cancelled: "timeout", "stopped" or "shutdown"
 
 
 class Runner:
@@ -88,6 +100,7 @@ class Runner:
         report_interval: float = 0.005,
         prefetch: int = PREFETCH,
         prefetch_wait: float = PREFETCH_WAIT,
+        async_concurrency: int = ASYNC_CONCURRENCY,
     ) -> None:
         types = list(task_types) if task_types else registry.registered_types()
         for task_type in types:
@@ -98,6 +111,8 @@ class Runner:
             raise ValueError("concurrency must be at least 1")
         if prefetch < 0:
             raise ValueError("prefetch must be 0 or more")
+        if async_concurrency < 1:
+            raise ValueError("async concurrency must be at least 1")
         self.connector = connector
         self.task_types = types
         self.concurrency = concurrency
@@ -130,6 +145,11 @@ class Runner:
         self.processed = 0  # reports applied (hand-backs not counted)
         self.refused = 0  # reports refused: their attempts were taken away (or the report applied before)
         self.lost = 0  # reports still unsent when the worker gave up flushing
+        # Async handlers: their own capacity, counted apart from the threads (see _claim_async).
+        self.async_concurrency = async_concurrency
+        self._async_running = 0  # claimed for the event loop and not yet ended
+        self._event_loop: EventLoopThread | None = None  # started when the first async attempt is claimed
+        self._next_async_watch = 0.0
         connector.bind(self)
 
     # -- public --------------------------------------------------------------------------------
@@ -166,6 +186,12 @@ class Runner:
     def in_flight(self) -> int:
         with self._lock:
             return self._in_flight
+
+    @property
+    def async_running(self) -> int:
+        """Async handlers claimed for the event loop and not yet ended."""
+        with self._lock:
+            return self._async_running
 
     @property
     def unreported(self) -> int:
@@ -220,35 +246,39 @@ class Runner:
         self._release_stuck()
         self._hand_back_stale()
         # Sampled before the round: a report settled during it may have requeued work.
-        idle = self.in_flight == 0 and self.unreported == 0 and not self._buffer
+        idle = self.in_flight == 0 and self.async_running == 0 and self.unreported == 0 and not self._buffer
         self.connector.prepare()
         try:
             self._dispatch()
             claim = self._claim()
             self._dispatch()
+            async_claim = self._claim_async()
         except ChannelFailed as exc:
             self._fail(exc.error)
             return False
         self.connector.between_claims(self.held_attempts())
-        if self.burst and idle and not claim.attempts:
+        if self.burst and idle and not claim.attempts and not async_claim.attempts:
             log.info("nothing is due: a burst worker stops")
             return False
-        timeout = claim.next_look - time.monotonic()
+        timeout = min(claim.next_look, async_claim.next_look) - time.monotonic()
         if timeout > 0:
             self._wake.wait(timeout)
         self._wake.clear()
         return True
 
     def _claim(self) -> Any:
+        task_types = self._handler_types(coroutine=False)
+        if not task_types:
+            return Claim([], time.monotonic() + 1.0)
         in_flight = self.in_flight
         # A thread is free again when its handler returns; results still being sent are capped
         # separately, so a slow or unreachable store stops claims, not handlers.
-        if self.unreported >= 2 * (self.concurrency + self.prefetch):
+        if self._reports_piled_up():
             room = ahead = 0
         else:
             room = max(0, self.concurrency - in_flight - len(self._buffer))
             ahead = max(0, self._ahead() - max(0, len(self._buffer) - (self.concurrency - in_flight)))
-        claim = self.connector.claim(room, ahead, self.concurrency, in_flight > 0)
+        claim = self.connector.claim(room, ahead, self.concurrency, in_flight > 0, task_types=task_types)
         if claim.attempts:
             now = time.monotonic()
             reserved = {id(a) for a in claim.reserved}
@@ -258,6 +288,15 @@ class Runner:
                     self._held[id(job.attempt)] = job
             self._buffer.extend(jobs)
         return claim
+
+    def _reports_piled_up(self) -> bool:
+        """Whether results waiting to be sent are so many that claiming should pause until some are."""
+        async_capacity = self.async_concurrency if self._event_loop is not None else 0
+        return self.unreported >= 2 * (self.concurrency + self.prefetch + async_capacity)
+
+    def _handler_types(self, *, coroutine: bool) -> list[str]:
+        """The task types served whose handler is (or is not) an `async def` function."""
+        return [t for t in self.task_types if registry.is_async(t) == coroutine]
 
     def _ahead(self) -> int:
         """How many attempts to claim ahead of free threads: as many as went to threads lately, up to prefetch.
@@ -350,37 +389,164 @@ class Runner:
     def _run_handler(self, attempt: Any) -> Report:
         try:
             return self._outcome(attempt)
-        except LeaseLost as exc:
+        except BaseException as exc:  # SystemExit too: a handler must not end its thread
+            return self._raised(attempt, exc)
+
+    def _raised(self, attempt: Any, exc: BaseException) -> Report:
+        """The report of a handler that raised `exc` (called in its `except` block: the traceback is read here)."""
+        if isinstance(exc, LeaseLost):
             log.warning("%s", exc)
             return Report(attempt, Outcome.LOST)
-        except InvalidTask as exc:
+        if isinstance(exc, InvalidTask):
             # Bad input from the handler (a malformed signal, a result that cannot be stored, a bad
             # enqueue): another attempt would do the same, so the task fails now, and only it.
             return Report(attempt, Outcome.FAIL, error=_error(exc), detail=_traceback(), exception=class_path(exc))
-        except BaseException as exc:  # SystemExit too: a handler must not end its thread
-            self.connector.after_error(exc)
-            if isinstance(exc, KeyboardInterrupt):
-                # Someone wants the process to end (as Django's own backends let it): the attempt
-                # counts as failed, and the worker stops gracefully.
-                log.warning("task %s raised KeyboardInterrupt: the worker stops", attempt.id)
-                self.request_stop()
-            return Report(attempt, Outcome.ERROR, error=_error(exc), detail=_traceback(), exception=class_path(exc))
+        self.connector.after_error(exc)
+        if isinstance(exc, KeyboardInterrupt):
+            # Someone wants the process to end (as Django's own backends let it): the attempt
+            # counts as failed, and the worker stops gracefully.
+            log.warning("task %s raised KeyboardInterrupt: the worker stops", attempt.id)
+            self.request_stop()
+        return Report(attempt, Outcome.ERROR, error=_error(exc), detail=_traceback(), exception=class_path(exc))
 
     def _outcome(self, attempt: Any) -> Report:
         ctx = TaskContext(attempt, self.connector.channel(attempt))
         try:
             result = ctx.run(registry.get_handler(attempt.task_type))
-        except Snooze as signal:
+        except (Snooze, PermanentFailure, NextStage) as signal:
+            return self._signalled(attempt, signal)
+        return self._succeeded(attempt, result)
+
+    def _signalled(self, attempt: Any, signal: Snooze | PermanentFailure | NextStage) -> Report:
+        """The report of a handler that raised one of the signals (ctx.snooze(), ctx.fail(), ctx.next_stage())."""
+        if isinstance(signal, Snooze):
             return Report(attempt, Outcome.SNOOZE, delay=signal.delay, error=signal.reason)
-        except PermanentFailure as signal:
+        if isinstance(signal, PermanentFailure):
             return Report(attempt, Outcome.FAIL, error=signal.reason)
-        except NextStage as signal:
-            if signal.context is not None:
-                self.connector.check_json("context", signal.context)  # the size limit of stored JSON
-            return Report(attempt, Outcome.NEXT_STAGE, next_stage=signal)
+        if signal.context is not None:
+            self.connector.check_json("context", signal.context)  # the size limit of stored JSON
+        return Report(attempt, Outcome.NEXT_STAGE, next_stage=signal)
+
+    def _succeeded(self, attempt: Any, result: Any) -> Report:
         # Checked here, so a result the store cannot keep fails its own task, not a batch.
         size = self.connector.check_json("result", result)
         return Report(attempt, Outcome.SUCCESS, result=result, result_size=size)
+
+    # -- running async handlers -----------------------------------------------------------------
+
+    def _claim_async(self) -> Claim:
+        """Claim attempts of async handler types, as many as the event loop has room for, and start them.
+
+        Their capacity is `async_concurrency`, apart from the threads. They are not claimed ahead:
+        claim-ahead hides a claim's round trip behind short handlers while threads are scarce; here
+        a claim round fills hundreds of free places at once. Limited types go through the limiter
+        in the connector's claim as any type does, so a limit of N never has more than N running.
+        """
+        task_types = self._handler_types(coroutine=True)
+        if not task_types:
+            return Claim([], time.monotonic() + 1.0)
+        running = self.async_running
+        room = 0 if self._reports_piled_up() else self.async_concurrency - running
+        claim = self.connector.claim(room, 0, self.async_concurrency, running > 0, task_types=task_types)
+        if claim.attempts:
+            self._start_async(claim.attempts)
+        return claim
+
+    def _start_async(self, attempts: list[Any]) -> None:
+        now = time.monotonic()
+        jobs = [Job(a, held_since=now, running=True, coroutine=True) for a in attempts]
+        with self._lock:
+            for job in jobs:
+                self._held[id(job.attempt)] = job
+            self._async_running += len(jobs)
+        if self._event_loop is None:
+            self._event_loop = EventLoopThread(
+                "taskflow-event-loop", io_threads=self.concurrency, before_call=self.connector.prepare
+            ).start()
+
+        def started(i: int, task: asyncio.Task) -> None:
+            jobs[i].task = task
+
+        self._event_loop.submit([self._run_async(job) for job in jobs], started)
+
+    async def _run_async(self, job: Job) -> None:
+        """Run an async handler on the event loop, as _handler_step and _execute run a sync one in a thread."""
+        attempt = job.attempt
+        try:
+            if self._stopping.is_set():
+                report = Report(attempt, Outcome.HANDBACK)
+            else:
+                started = time.perf_counter()
+                with tasklog.running(attempt):
+                    report = await self._arun_handler(job)
+                report.cost_ms = int((time.perf_counter() - started) * 1000)
+        finally:
+            with self._lock:
+                job.running = False
+                self._async_running -= 1
+                running = self._async_running
+                if job.reported and job.settled:
+                    self._held.pop(id(attempt), None)
+        if not job.reported:
+            self._queue_report(report)
+        # Claim again once a worthwhile share of the loop's places is free (not at each of thousands of ends).
+        if running == 0 or self.async_concurrency - running == max(1, self.async_concurrency // 8):
+            self._wake.set()
+
+    async def _arun_handler(self, job: Job) -> Report:
+        attempt = job.attempt
+        try:
+            ctx = TaskContext(attempt, self.connector.channel(attempt))
+            try:
+                result = await ctx.arun(registry.get_handler(attempt.task_type))
+            except (Snooze, PermanentFailure, NextStage) as signal:
+                report = self._signalled(attempt, signal)
+            else:
+                report = self._succeeded(attempt, result)
+        except asyncio.CancelledError:
+            return self._cancelled(job)
+        except BaseException as exc:
+            report = self._raised(attempt, exc)
+        # A handler that swallowed its cancellation ends as cancelled all the same.
+        return self._cancelled(job) if job.cancelled else report
+
+    def _cancelled(self, job: Job) -> Report:
+        """The report of an async handler the worker cancelled (a shutdown's is sent before, as interrupted)."""
+        attempt = job.attempt
+        if job.cancelled == "timeout":
+            error = f"attempt {attempt.attempt} ran past its deadline without a heartbeat: cancelled"
+            return Report(attempt, Outcome.ERROR, error=error, exception=class_path(AttemptTimedOut))
+        # Stopped: the attempt was taken away, so this is refused like any late report.
+        return Report(attempt, Outcome.ERROR, error="cancelled: the attempt was taken away")
+
+    def _watch_async(self) -> None:
+        """Cancel async handlers past their deadline (a timeout, retried by the policy) or whose attempt was taken away.
+
+        Unlike a thread, a coroutine can be cancelled: it frees its place at once, and its end is
+        reported by the worker itself rather than left to taskwatch's rescue.
+        """
+        now = time.monotonic()
+        if self._event_loop is None or now < self._next_async_watch:
+            return
+        self._next_async_watch = now + ASYNC_WATCH_INTERVAL
+        with self._lock:
+            jobs = [j for j in self._held.values() if j.coroutine and j.running and not j.cancelled]
+        for job in jobs:
+            if job.attempt.stop_requested.is_set():
+                self._cancel_async(job, "stopped")
+            elif self.connector.past_deadline(job.attempt):
+                log.warning(
+                    "task %s attempt %d is past its deadline: its handler is cancelled",
+                    job.attempt.id,
+                    job.attempt.attempt,
+                    extra=tasklog.about(job.attempt),
+                )
+                self._cancel_async(job, "timeout")
+
+    def _cancel_async(self, job: Job, why: str) -> None:
+        assert self._event_loop is not None
+        job.cancelled = why
+        self._event_loop.cancel(lambda: job.task)
 
     def _release_stuck(self) -> None:
         """Stop counting handler threads whose attempt is past its deadline, and replace them.
@@ -390,8 +556,9 @@ class Runner:
         worker's own failure report) and the handler's late report is refused or dropped. Past
         `max_stuck` such threads the worker stops and run() raises, so a supervisor restarts it.
         """
+        self._watch_async()
         with self._lock:
-            late = [j for j in self._held.values() if j.running and not j.stuck]
+            late = [j for j in self._held.values() if j.running and not j.stuck and not j.coroutine]
         late = [j for j in late if self.connector.past_deadline(j.attempt)]
         if not late:
             return
@@ -494,7 +661,7 @@ class Runner:
         started = time.monotonic()
         self._hand_back_unstarted()
         # self.grace is read again each time: a worker that must stop at once (give_up) sets it to 0.
-        while self.in_flight and time.monotonic() - started < self.grace:
+        while (self.in_flight or self.async_running) and time.monotonic() - started < self.grace:
             self._release_stuck()
             self._hand_back_unstarted()
             self.connector.between_claims(self.held_attempts())
@@ -502,9 +669,13 @@ class Runner:
         self._hand_back_unstarted()
         with self._lock:
             # Stuck attempts are past their deadline already: the store takes them away.
-            unfinished = [j.attempt for j in self._held.values() if j.running and not j.stuck]
-            for attempt in unfinished:
-                self._held[id(attempt)].reported = True
+            unfinished_jobs = [j for j in self._held.values() if j.running and not j.stuck]
+            unfinished = [j.attempt for j in unfinished_jobs]
+            for job in unfinished_jobs:
+                job.reported = True
+        for job in unfinished_jobs:
+            if job.coroutine:
+                self._cancel_async(job, "shutdown")  # a coroutine, unlike a thread, is stopped
         if unfinished:
             # Past the grace period: count the attempt and requeue by the retry policy, so a
             # task longer than any deploy window cannot loop forever.
@@ -524,6 +695,8 @@ class Runner:
             time.sleep(0.05)
         for _ in range(self.concurrency):  # stuck threads end by themselves when their handler returns
             self._jobs.put(None)
+        if self._event_loop is not None:
+            self._event_loop.stop()
         self._done.set()
         self._abandon.set()
         self._reports_ready.set()

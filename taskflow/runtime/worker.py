@@ -131,9 +131,9 @@ class DatabaseConnector:
 
     # -- claiming ------------------------------------------------------------------------------
 
-    def claim(self, room: int, ahead: int, capacity: int, busy: bool) -> Claim:
+    def claim(self, room: int, ahead: int, capacity: int, busy: bool, task_types: list[str] | None = None) -> Claim:
         self._add_new_types()
-        tasks, reserved, soonest = self._claim_round(room, capacity, busy, ahead)
+        tasks, reserved, soonest = self._claim_round(room, capacity, busy, ahead, task_types)
         return Claim(tasks, soonest, reserved)
 
     def start(self, reserved: list[ClaimedTask]) -> list[ClaimedTask]:
@@ -159,14 +159,14 @@ class DatabaseConnector:
             log.info("worker %s now also serves %s", self.worker_id, ",".join(new))
 
     def _claim_round(
-        self, room: int, capacity: int, busy: bool, ahead: int = 0
+        self, room: int, capacity: int, busy: bool, ahead: int = 0, task_types: list[str] | None = None
     ) -> tuple[list[ClaimedTask], list[ClaimedTask], float]:
         """Claim for every type that is due; returns what was claimed, what of it is reserved, and when next to look.
 
         Tasks of a limited type are never claimed ahead: a reserved task would hold a slot of its
         limit while no handler runs it, and slots are what limited types are short of.
         """
-        task_types = self.worker.task_types
+        task_types = self.worker.task_types if task_types is None else task_types
         cfgs = configs.get_many(task_types)
         limits_all = get_settings().GLOBAL_CONCURRENCY_LIMIT > 0
         now = time.monotonic()
@@ -174,7 +174,9 @@ class DatabaseConnector:
         reserved: list[ClaimedTask] = []
         soonest = now + 1.0
         with self._lock:
-            woken, self._woken = self._woken, set()
+            # Only these types' wake-ups: the others' are for a round that claims for them.
+            woken = self._woken & set(task_types)
+            self._woken -= woken
         order = task_types[:]
         random.shuffle(order)  # no type always goes first when slots are scarce
         for task_type in order:
@@ -286,7 +288,8 @@ class DatabaseConnector:
 
 
 class Worker(Runner):
-    """Claims due tasks from the database, runs their handlers in a thread pool, reports results in batches."""
+    """Claims due tasks from the database, runs their handlers in a thread pool (async ones on an event loop),
+    reports results in batches."""
 
     def __init__(
         self,
@@ -299,6 +302,7 @@ class Worker(Runner):
         max_stuck: int | None = None,
         select_types: Callable[[], list[str]] | None = None,
         prefetch: int | None = None,
+        async_concurrency: int | None = None,
     ) -> None:
         """`select_types`: how the task types were chosen, asked again every CONFIG_REFRESH for new ones
         (a django.tasks queue first used after the worker started, say)."""
@@ -318,4 +322,5 @@ class Worker(Runner):
             report_interval=settings.REPORT_INTERVAL,
             prefetch=settings.PREFETCH if prefetch is None else prefetch,
             prefetch_wait=settings.PREFETCH_WAIT,
+            async_concurrency=settings.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency,
         )

@@ -116,3 +116,19 @@ def note_signal(sender, task_result, signal, **kwargs):
     """Each signal as "<id> <attempts> <signal>:<status>:<sender>" (in whichever process sent it)."""
     name = {task_enqueued: "task_enqueued", task_started: "task_started", task_finished: "task_finished"}[signal]
     note(task_result.id, task_result.attempts, f"{name}:{task_result.status}:{sender.__name__}")
+
+
+@task()
+async def async_where(seconds: float = 0.0, *, context_note: str = "") -> dict:
+    """Sleeps `seconds` on the worker's loop; returns the thread it ran on and when it started and ended."""
+    import threading as _threading
+
+    started = time.time()
+    await asyncio.sleep(seconds)
+    return {"thread": _threading.current_thread().name, "started": started, "ended": time.time()}
+
+
+@task(takes_context=True)
+async def async_with_context(context: TaskContext) -> int:
+    await context.aprogress(1, 2, "half")
+    return context.attempt

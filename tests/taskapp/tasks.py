@@ -1,6 +1,7 @@
 """Handlers used by the tests. Each run is appended to TASKFLOW_TEST_LOG (one line per run), so
 tests in other processes can count exactly how often each task ran."""
 
+import asyncio
 import os
 import threading
 import time
@@ -155,3 +156,44 @@ def until_stopped(ctx):
 # remote worker (python -m taskflow.remote) does not have: it imports the handlers above alone.
 if settings.configured:
     from . import djtasks  # noqa: F401
+
+
+@taskflow.handler("test.async_sleep")
+async def async_sleep(ctx):
+    """Awaits asyncio.sleep(`seconds`) (default: forever), logging its start and its end (or its cancellation)."""
+    record(ctx, "start")
+    seconds = ctx.payload.get("seconds")
+    try:
+        await asyncio.sleep(seconds if seconds is not None else 10**9)
+    except asyncio.CancelledError:
+        record(ctx, "cancelled")
+        raise
+    record(ctx, "end")
+    return {"slept": seconds}
+
+
+@taskflow.handler("test.async_control")
+async def async_control(ctx):
+    """test.control's actions, awaited: snooze, fail, next_stage, checkpoint, progress, raise."""
+    record(ctx)
+    action = ctx.payload.get("action")
+    await asyncio.sleep(0)
+    if action == "snooze" and ctx.checkpoint is None:
+        await ctx.asave_checkpoint("snoozed")
+        ctx.snooze(ctx.payload.get("delay", 0))
+    if action == "fail":
+        ctx.fail("no point retrying")
+    if action == "raise":
+        raise RuntimeError(f"boom on attempt {ctx.attempt}")
+    if action == "stages" and ctx.stage != "second":
+        ctx.next_stage("second", context={"from": ctx.stage or "first"})
+    if action == "progress":
+        await ctx.aprogress(1, 4, "one")
+        await ctx.aheartbeat()
+        await ctx.aprogress(3, 4, "three")
+    if action == "sync_calls":
+        # The sync variants, called on the event loop: made in a thread (see TaskContext._write).
+        ctx.heartbeat()
+        ctx.save_checkpoint({"sync": True})
+        ctx.progress(2, 4, "two")
+    return {"stage": ctx.stage, "context": ctx.context, "checkpoint": ctx.checkpoint}

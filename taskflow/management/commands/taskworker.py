@@ -48,6 +48,12 @@ class Command(BaseCommand):
             default=None,
             help="tasks claimed ahead of free threads, at most (default: TASKFLOW['PREFETCH'], 256; 0: none)",
         )
+        parser.add_argument(
+            "--async-concurrency",
+            type=positive_int,
+            default=None,
+            help="async handlers run at once on the event loop (default: TASKFLOW['ASYNC_CONCURRENCY'], 1000)",
+        )
         parser.add_argument("--burst", action="store_true", help="drain what is due, then exit")
         parser.add_argument(
             "--grace", type=non_negative_float, default=None, help="seconds running tasks get to finish on shutdown"
@@ -65,6 +71,7 @@ class Command(BaseCommand):
                 burst=options["burst"],
                 grace=options["grace"],
                 prefetch=options["prefetch"],
+                async_concurrency=options["async_concurrency"],
                 # Asked again as it runs: a queue first used later (QUEUES: []) is served within moments.
                 select_types=lambda: select_task_types(types, queues),
             )
