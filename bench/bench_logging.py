@@ -32,7 +32,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--micro", action="store_true", help="only time runtime.logs.attempts_ended in-process")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 500 tasks, 1 repetition")
     args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.reps = min(args.tasks, 500), 1
     if args.micro:
         micro()
         return

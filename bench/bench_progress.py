@@ -85,7 +85,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--write-ms", type=float, default=2.0, help="time each write takes (default 2 ms)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 100,000 calls, 1 run")
     args = parser.parse_args()
+    if args.quick:
+        args.calls, args.runs = min(args.calls, 100_000), 1
     with_progress, without, writes = [], [], []
     for _ in range(args.runs):  # alternating, so a busy moment hits both alike
         seconds, n = loop(args.calls, True, args.write_ms / 1000)
