@@ -198,14 +198,21 @@ class Bench:
         try:
             if not self.wait_registered(len(procs)):
                 return
+            cpu_before = sum(_cpu_seconds(proc.pid) for proc in procs)
             self.preload(p.drain_n, one_transaction=True)
             committed = time.monotonic()
             done = self.wait_finished(p.drain_n, p.drain_timeout)
             wall = time.monotonic() - committed
+            cpu = sum(_cpu_seconds(proc.pid) for proc in procs) - cpu_before
         finally:
             self.pool.stop(procs)
         label = f"drain, warm workers, 2x C={concurrency or 'default'}"
         self.record_drain(label, concurrency, run, wall, done, target=True)
+        if done and cpu > 0:
+            # Worker CPU per task: what a busy machine sways far less than the rates above.
+            per_task = cpu / p.drain_n * 1e6
+            self.metric(f"{label}, worker CPU per task", "us").values.append(per_task)
+            print(f"  {label} run {run + 1}: workers' CPU {cpu:.2f}s = {per_task:.0f} us/task", flush=True)
 
     def drain_burst(self, concurrency: int, run: int) -> None:
         """Tasks first, then `taskworker --burst` processes started cold; they exit once drained."""
@@ -340,14 +347,13 @@ class Bench:
             raw = out_dir / f"worker-profile-{mode}.txt"
             wrapper = [py_spy, "record", flag, "--format", "raw", "--full-filenames", "--rate", "250", "-o", str(raw)]
             started = time.monotonic()
-            proc = self.pool.start(
-                *("taskworker", "--types", TASK_TYPE, "--concurrency", str(p.profile_concurrency), "--burst"),
-                wrapper=[*wrapper, "--"],
-            )
+            options = ("--concurrency", str(p.profile_concurrency)) if p.profile_concurrency else ()
+            proc = self.pool.start(*("taskworker", "--types", TASK_TYPE, *options, "--burst"), wrapper=[*wrapper, "--"])
             if not self.pool.wait([proc], p.drain_timeout):
                 self.pool.stop([proc])
             wall = time.monotonic() - started
-            print(f"  {mode} profile: 1 worker C={p.profile_concurrency}, {p.profile_n} tasks, wall {wall:.1f}s")
+            level = p.profile_concurrency or "default"
+            print(f"  {mode} profile: 1 worker C={level}, {p.profile_n} tasks, wall {wall:.1f}s")
             if not raw.exists():
                 parts.append(f"py-spy wrote nothing:\n{self.pool.tail(proc)}")
                 continue
@@ -409,6 +415,15 @@ class Bench:
         found = Task.objects.count()
         if found != n:
             self.note(f"{label}: expected {n} task rows, found {found}")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process so far (Linux /proc; 0 where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
@@ -499,6 +514,11 @@ def main() -> int:
         help="comma-separated worker concurrencies to drain with, 'default' for the command's defaults "
         "(default: 32,128)",
     )
+    parser.add_argument(
+        "--profile-concurrency",
+        default="",
+        help="the profiled worker's concurrency, 'default' for the command's default (default: 32)",
+    )
     args = parser.parse_args()
     phases = [p.strip() for p in args.phases.split(",") if p.strip()] + (["profile"] if args.profile else [])
     unknown = set(phases) - set(PHASES)
@@ -516,6 +536,11 @@ def main() -> int:
         except ValueError:
             parser.error(f"--drain-concurrency takes integers and 'default'; got {args.drain_concurrency!r}")
         plan = dataclasses.replace(plan, drain_concurrency=levels)
+    if args.profile_concurrency:
+        value = args.profile_concurrency.strip()
+        if value != "default" and not value.isdigit():
+            parser.error(f"--profile-concurrency takes an integer or 'default'; got {value!r}")
+        plan = dataclasses.replace(plan, profile_concurrency=0 if value == "default" else int(value))
     database.ensure_database(os.environ["DATABASE_URL"], fresh=not args.reuse_db)
     import django
 
@@ -549,7 +574,8 @@ def main() -> int:
         database.reset_tables()
     print_table(bench)
     if profile_text:
-        print(f"\nworker profile (one burst worker, C={plan.profile_concurrency}, {plan.profile_n} tasks):")
+        level = plan.profile_concurrency or "default"
+        print(f"\nworker profile (one burst worker, C={level}, {plan.profile_n} tasks):")
         print(profile_text)
     print(f"\nworker logs: {log_dir}")
     if args.json:

@@ -21,7 +21,10 @@ def output(proc) -> str:  # noqa: ANN001
 
 
 def test_four_workers_drain_two_thousand_tasks_each_exactly_once(spawn, run_log: Path) -> None:
-    tasks = taskflow.enqueue_many([{"task_type": "test.record", "payload": {"n": i}} for i in range(2000)])
+    # A few milliseconds each, so one worker alone cannot drain them all before the others start.
+    tasks = taskflow.enqueue_many(
+        [{"task_type": "test.record", "payload": {"n": i, "sleep": 0.005}} for i in range(2000)]
+    )
     ids = {str(t.pk) for t in tasks}
 
     procs = [spawn("taskworker", "--types", "test.record", "--concurrency", "4", "--burst") for _ in range(4)]

@@ -58,6 +58,11 @@ PREFETCH = 256  # attempts claimed ahead of free threads, at most
 PREFETCH_WAIT = 1.0  # seconds an attempt claimed ahead may wait unstarted before it is handed back
 ASYNC_CONCURRENCY = 1000  # async handlers run at once on the event loop, at most
 ASYNC_WATCH_INTERVAL = 0.2  # seconds between looks for async handlers to cancel (past their deadline, stopped)
+# Seconds of work, at the pace threads take attempts, that the worker starts ahead of its free threads:
+# one start UPDATE then covers many attempts, and a thread that frees takes the next without waiting
+# for the claim loop. An attempt started ahead that no thread takes within PREFETCH_WAIT is handed back.
+START_AHEAD = 0.05
+PACE_SAMPLE = 0.01  # seconds between samples of how many attempts threads have taken
 
 
 class WorkerFailed(RuntimeError):
@@ -76,6 +81,8 @@ class Job:
     reserved: bool = False  # claimed ahead and not started yet: the connector starts it before it runs
     held_since: float = 0.0  # time.monotonic() of its claim
     running: bool = False  # its handler started and has not returned
+    taken: bool = False  # a handler thread took it (under the runner's lock)
+    withdrawn: bool = False  # handed back while it waited for a thread: the thread that gets it skips it
     stuck: bool = False  # written off past its deadline while its handler runs on
     reported: bool = False  # its end was reported when it was written off: the handler's late one is dropped
     settled: bool = False  # its report was applied or refused
@@ -128,7 +135,9 @@ class Runner:
         self.prefetch = prefetch
         self.prefetch_wait = prefetch_wait
         self._buffer: deque[Job] = deque()  # claimed, not yet given to a thread (claim order)
-        self._recent: deque[tuple[float, int]] = deque()  # (when, how many) attempts went to threads
+        self._waiting: deque[Job] = deque()  # started and queued for a thread, not yet taken (claim order)
+        self._taken = 0  # attempts handler threads have taken, ever
+        self._pace: deque[tuple[float, int]] = deque()  # (when, self._taken then), every PACE_SAMPLE seconds
 
         self._stopping = threading.Event()  # stop claiming; hand back what has not started
         self._done = threading.Event()  # every thread should exit
@@ -244,6 +253,7 @@ class Runner:
     def _claim_step(self) -> bool:
         """One claim round, then wait until the next is due; False when a burst worker is done."""
         self._release_stuck()
+        self._sample_pace()
         self._hand_back_stale()
         # Sampled before the round: a report settled during it may have requeued work.
         idle = self.in_flight == 0 and self.async_running == 0 and self.unreported == 0 and not self._buffer
@@ -306,17 +316,45 @@ class Runner:
         """
         if not self.prefetch:
             return 0
-        since = time.monotonic() - self.prefetch_wait / 4
-        while self._recent and self._recent[0][0] < since:
-            self._recent.popleft()
-        return min(self.prefetch, sum(n for _, n in self._recent))
+        return min(self.prefetch, int(self._pace_per_second(self.prefetch_wait / 4) * self.prefetch_wait / 4))
+
+    def _sample_pace(self) -> None:
+        now = time.monotonic()
+        if not self._pace or now - self._pace[-1][0] >= PACE_SAMPLE:
+            with self._lock:
+                self._pace.append((now, self._taken))
+        # Keep one sample at or before the longest window asked about.
+        since = now - max(self.prefetch_wait / 4, START_AHEAD)
+        while len(self._pace) > 1 and self._pace[1][0] <= since:
+            self._pace.popleft()
+
+    def _pace_per_second(self, seconds: float) -> float:
+        """How many attempts a second threads took over about the last `seconds` (from the samples)."""
+        now = time.monotonic()
+        since = now - seconds
+        if not self._pace:
+            return 0.0
+        # The newest sample at or before `since`, else the oldest kept; a rate, so a gap in sampling
+        # (the claim loop blocked on a slow query) does not count as a burst.
+        when, then = next(((w, t) for w, t in reversed(self._pace) if w <= since), self._pace[0])
+        return (self._taken - then) / max(now - when, PACE_SAMPLE)
 
     def _dispatch(self) -> None:
-        """Give claimed attempts to free threads, in claim order (reserved ones started by the connector first)."""
-        free = self.concurrency - self.in_flight
-        if free <= 0 or not self._buffer:
+        """Start claimed attempts for free threads and START_AHEAD beyond them, in claim order, and queue them.
+
+        Reserved ones are started by the connector first, in one batch: with short handlers the threads
+        then run a batch started by one UPDATE instead of one UPDATE per few free threads.
+        """
+        while self._waiting and self._waiting[0].taken:
+            self._waiting.popleft()
+        waiting = len(self._waiting)
+        idle = self.concurrency - (self.in_flight - waiting)
+        ahead = int(self._pace_per_second(START_AHEAD) * START_AHEAD) if self.prefetch else 0
+        wanted = min(len(self._buffer), idle + ahead - waiting)
+        # Top the queue up by a worthwhile batch, unless threads would idle meanwhile.
+        if wanted <= 0 or (waiting >= idle and wanted < max(1, ahead // 2)):
             return
-        jobs = [self._buffer.popleft() for _ in range(min(free, len(self._buffer)))]
+        jobs = [self._buffer.popleft() for _ in range(wanted)]
         reserved = [j.attempt for j in jobs if j.reserved]
         try:
             started = {id(a) for a in self.connector.start(reserved)} if reserved else set()
@@ -332,14 +370,26 @@ class Runner:
                 ready.append(job)
         with self._lock:
             self._in_flight += len(ready)
+        self._waiting.extend(ready)
         for job in ready:
             self._jobs.put(job)
-        self._recent.append((time.monotonic(), len(ready)))
 
     def _hand_back_stale(self) -> None:
-        """Hand back attempts claimed ahead that waited unstarted over prefetch_wait: other workers may run them."""
+        """Hand back attempts claimed ahead that waited for a thread over prefetch_wait: other workers may run them.
+
+        Those started ahead and queued for a thread too (their attempt is not counted either: no handler ran).
+        """
         cutoff = time.monotonic() - self.prefetch_wait
         stale = 0
+        while self._waiting and (self._waiting[0].taken or self._waiting[0].held_since < cutoff):
+            job = self._waiting.popleft()
+            with self._lock:
+                if job.taken:
+                    continue
+                job.withdrawn = True
+                self._in_flight -= 1
+            self._queue_report(Report(job.attempt, Outcome.HANDBACK))
+            stale += 1
         while self._buffer and self._buffer[0].held_since < cutoff:
             self._queue_report(Report(self._buffer.popleft().attempt, Outcome.HANDBACK))
             stale += 1
@@ -353,7 +403,15 @@ class Runner:
         job = self._jobs.get()
         if job is None:
             return False
-        report = self._execute(job.attempt, job)
+        with self._lock:
+            if job.withdrawn:
+                return True  # handed back while it waited (see _hand_back_stale)
+            job.taken = True
+            self._taken += 1
+        if job.attempt.stop_requested.is_set():
+            report = Report(job.attempt, Outcome.LOST)  # stopped while it waited for a thread
+        else:
+            report = self._execute(job.attempt, job)
         with self._lock:
             replaced = job.stuck
             if job.stuck:
@@ -652,6 +710,9 @@ class Runner:
             if job is None:
                 continue
             with self._lock:
+                if job.withdrawn:
+                    continue  # handed back already
+                job.withdrawn = True
                 self._in_flight -= 1
             self._queue_report(Report(job.attempt, Outcome.HANDBACK))
 

@@ -113,8 +113,9 @@ class DatabaseConnector:
         close_old_connections()
 
     def _on_stop(self, attempts: dict[int, int]) -> None:
-        """Tell running handlers whose attempt ({task id: lease token}) was stopped (ctx.stop_requested)."""
-        for task in self.worker.running_attempts():
+        """Tell held attempts ({task id: lease token}) they were stopped: running handlers (ctx.stop_requested), and
+        those started and waiting for a thread, which then do not run."""
+        for task in self.worker.held_attempts():
             if attempts.get(task.id) == task.lease_token:
                 task.stop_requested.set()
 
