@@ -23,7 +23,7 @@ from django.db.models import DateTimeField
 from django.db.models.expressions import RawSQL
 from django.utils.dateparse import parse_datetime
 
-from ..models import SchedulePos, Status, Task, TaskKey, WorkerProcess
+from ..models import SchedulePos, Status, Task, TaskDependency, TaskKey, WorkerProcess
 
 Adapter = Callable[[Any], Any]
 INSERT_BATCH = 1000  # rows per multi-row INSERT
@@ -573,8 +573,18 @@ def database_now(shift: float = 0.0) -> RawSQL:
     return RawSQL(now, params, output_field=DateTimeField())
 
 
-def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, guard: Guard = NO_GUARD) -> int:
+def update_attempts(
+    table: str,
+    rows: dict[int, dict[str, Any]],
+    token: int,
+    guard: Guard = NO_GUARD,
+    *,
+    unless_waited_for: bool = False,
+) -> int:
     """One UPDATE of many running attempts that share a fencing token; returns the rows changed.
+
+    `unless_waited_for` leaves out the rows of tasks that other tasks wait for (an open dependency
+    edge, read by the statement itself): a write that changes every row needs no release step.
 
     Columns equal across the rows are set once, the others through `CASE id`. Only rows still
     `processing` under `token` (and matching `guard`) change, so a late report changes nothing.
@@ -619,6 +629,12 @@ def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, gua
     if guard.sql:
         where += f" AND ({guard.sql})"
         params.extend(guard.params)
+    if unless_waited_for:
+        edges = qn(TaskDependency._meta.db_table)
+        where += (
+            f" AND NOT EXISTS (SELECT 1 FROM {edges} WHERE {edges}.{qn('outcome')} = ''"
+            f" AND {edges}.{qn('depends_on_id')} = {qn(table)}.{qn('id')})"
+        )
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {qn(table)} SET {', '.join(assignments)} WHERE {where}", params)
         return cursor.rowcount
