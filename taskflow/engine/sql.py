@@ -492,6 +492,52 @@ def select_due(table: str, task_type: str, limit: int, host: str, now: datetime)
     return out
 
 
+def claims_in_one_statement() -> bool:
+    """Whether `claim_due` works here: a locked read and its UPDATE in one statement (UPDATE ... RETURNING)."""
+    return connection.vendor == "postgresql"
+
+
+def claim_due(
+    table: str, task_type: str, limit: int, host: str, worker_id: str, now: datetime, default_timeout: int
+) -> list[dict[str, Any]]:
+    """`select_due` and `mark_processing` in one statement (see claims_in_one_statement), one round trip.
+
+    Returns the rows as `select_due` does plus `order_time`, with `attempts` and `lease_token`
+    already counted; each deadline is `now` plus the task's timeout, else `default_timeout`.
+    """
+    qn = quote
+    columns = ", ".join(f"t.{column(name)}" for name in (*CLAIM_COLUMNS, "order_time"))
+    hosts = f"{qn('prefer_host')} = '' OR {qn('prefer_host_until')} <= %s"
+    at = connection.ops.adapt_datetimefield_value(now)
+    where: list[Any] = [Status.PENDING.value, task_type, at, at]
+    if host:
+        hosts += f" OR {qn('prefer_host')} = %s"
+        where.append(host)
+    sql = (
+        f"WITH due AS MATERIALIZED (SELECT {qn('id')} FROM {qn(table)} "
+        f"WHERE {qn('status')} = %s AND {qn('task_type')} = %s AND {qn('run_after')} <= %s AND ({hosts}) "
+        f"ORDER BY {qn('order_time')} LIMIT %s FOR UPDATE SKIP LOCKED) "
+        f"UPDATE {qn(table)} t SET {qn('status')} = %s, "
+        f"{qn('attempts')} = t.{qn('attempts')} + 1, {qn('lease_token')} = t.{qn('lease_token')} + 1, "
+        f"{qn('worker_id')} = %s, {qn('started_at')} = %s, {qn('heartbeat_at')} = %s, "
+        f"{qn('lease_expires_at')} = CAST(%s AS timestamp with time zone)"
+        f" + COALESCE(NULLIF(t.{qn('timeout')}, 0), %s) * INTERVAL '1 second', {qn('updated_at')} = %s "
+        f"FROM due WHERE t.{qn('id')} = due.{qn('id')} RETURNING {columns}"
+    )
+    params = [*where, limit, Status.PROCESSING.value, worker_id, at, at, at, default_timeout, at]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    out = []
+    for values in rows:
+        row = dict(zip((*CLAIM_COLUMNS, "order_time"), values, strict=True))
+        for name in _JSON_COLUMNS:
+            row[name] = json_from_db(row[name])
+        out.append(row)
+    out.sort(key=lambda row: (row["order_time"], row["id"]))  # RETURNING keeps no order
+    return out
+
+
 def mark_processing(table: str, ids: Sequence[int], worker_id: str, now: datetime, deadline: datetime) -> int:
     """Start an attempt of each still-pending task in `ids`: count it, bump its fencing token, set its deadline."""
     qn = quote
