@@ -6,14 +6,17 @@ workers are woken only after the commit.
 
 from __future__ import annotations
 
+import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import signals
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from ..exceptions import InvalidTask, StaleVersion
@@ -52,6 +55,25 @@ _SPEC_FIELDS = {
     "on_dependency_failure",
 }
 
+# The values that mean "not given" for each option (taskflow.enqueue passes every option), known
+# by identity: a request holding only these needs no option checked.
+_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "key": (None, ""),
+    "version": (0,),
+    "priority": (0,),
+    "run_after": (None,),
+    "max_retries": (None,),
+    "timeout": (None,),
+    "stage": (None, ""),
+    "user_id": (None, ""),
+    "context": (None,),
+    "trace_id": (None, ""),
+    "retry_same_host": (0,),
+    "depends_on": (None, ()),
+    "on_dependency_failure": (None, "stop"),
+}
+_DEFAULT_IDS = {(name, id(value)) for name, values in _DEFAULTS.items() for value in values}
+
 
 @dataclass
 class TaskSpec:
@@ -79,6 +101,13 @@ class TaskSpec:
 
     @classmethod
     def build(cls, now: datetime, task_type: object, payload: Any = None, **options: Any) -> TaskSpec:
+        if all((name, id(value)) in _DEFAULT_IDS for name, value in options.items()):
+            # Every option at its default (taskflow.enqueue passes them all): only the payload to check.
+            payload = {} if payload is None else payload
+            payload_text = json_text("payload", payload)
+            return cls(
+                task_type=validate_task_type(task_type), payload=payload, payload_text=payload_text, run_after=now
+            )
         unknown = set(options) - _SPEC_FIELDS
         if unknown:
             raise InvalidTask(f"unknown task option(s): {', '.join(sorted(unknown))}")
@@ -101,7 +130,7 @@ class TaskSpec:
             timeout=timeout,
             stage=validate_short_text("stage", options.get("stage") or "", 100),
             user_id=validate_short_text("user_id", str(options.get("user_id") or ""), 64),
-            context=validate_json("context", options.get("context") or {}),
+            context=_context(options.get("context")),
             trace_id=validate_short_text("trace_id", options.get("trace_id") or "", 32),
             retry_same_host=validate_non_negative_int(  # type: ignore[arg-type]
                 "retry_same_host", options.get("retry_same_host", 0), maximum=MAX_INT
@@ -109,6 +138,11 @@ class TaskSpec:
             depends_on=dependencies.validate_depends_on(options.get("depends_on")),
             run_on_dependency_failure=dependencies.validate_on_failure(options.get("on_dependency_failure")),
         )
+
+
+def _context(value: Any) -> Any:
+    # Most tasks carry none: the empty default needs no check.
+    return validate_json("context", value) if value else {}
 
 
 def enqueue(task_type: str, payload: Any = None, **options: Any) -> Task:
@@ -131,10 +165,10 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     cfgs = configs.get_many(s.task_type for s in specs)
     results: list[Task | None] = [None] * len(specs)
     keyed = [i for i, spec in enumerate(specs) if spec.key is not None]
+    unkeyed = [(i, spec) for i, spec in enumerate(specs) if spec.key is None]
+    traces, watched = _trace_ids(len(unkeyed)), _watched()
     fresh = [
-        (i, _new_task(spec, cfgs[spec.task_type].priority_aging, now))
-        for i, spec in enumerate(specs)
-        if spec.key is None
+        (i, _new_task(spec, cfgs[spec.task_type].priority_aging, now, next(traces), watched)) for i, spec in unkeyed
     ]
 
     # A StaleVersion undoes the whole call and nothing else: a call with keys gets a savepoint for
@@ -184,7 +218,13 @@ def _spec_from_mapping(request: Mapping[str, Any], now: datetime) -> TaskSpec:
     return TaskSpec.build(now, options.pop("task_type"), options.pop("payload", None), **options)
 
 
-def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
+def _trace_ids(count: int) -> Iterator[str]:
+    """`count` random trace ids (32 hex digits, as uuid4().hex), from one call for random bytes."""
+    text = os.urandom(16 * count).hex()
+    return (text[i : i + 32] for i in range(0, 32 * count, 32))
+
+
+def _new_task(spec: TaskSpec, aging: float, now: datetime, trace_id: str = "", watched: bool | None = None) -> Task:
     run_after = spec.run_after or now
     values = {
         "task_type": spec.task_type,
@@ -197,8 +237,8 @@ def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
         "max_retries": spec.max_retries,
         "timeout": spec.timeout,
         "run_after": run_after,
-        "order_time": order_time(run_after, spec.priority, aging),
-        "trace_id": spec.trace_id or uuid.uuid4().hex,
+        "order_time": order_time(run_after, spec.priority, aging) if spec.priority else run_after,
+        "trace_id": spec.trace_id or trace_id or uuid.uuid4().hex,
         "user_id": spec.user_id,
         "retry_same_host": spec.retry_same_host,
         "created_at": now,
@@ -207,32 +247,38 @@ def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
         "status_msg": spec.status_msg,
         "finished_at": now if spec.status == Status.STOPPED else None,
     }
-    # Positional construction skips the per-field keyword handling of Model.__init__, which
-    # dominated bulk enqueueing; defaults come from one template row.
+    # Defaults come from one template row, filled in as Model.__init__ would, without its per-field
+    # work (which dominated bulk enqueueing) unless a pre_init/post_init receiver must see it.
     row = _template_row()
-    for name, value in values.items():
-        row[_FIELD_INDEX[name]] = value
-    task = Task(*row)
-    task.enqueue_outcome = CREATED  # type: ignore[attr-defined]
-    task._payload_text = spec.payload_text  # type: ignore[attr-defined]
+    row.update(values)
+    row["enqueue_outcome"] = CREATED
+    row["_payload_text"] = spec.payload_text
+    if _watched() if watched is None else watched:
+        task = Task(**{name: row.pop(name) for name in _TEMPLATE})
+        task.__dict__.update(row)
+        return task
+    task = Task.__new__(Task)
+    task._state = ModelState()
+    task.__dict__.update(row)
     return task
 
 
-_FIELD_INDEX: dict[str, int] = {}
-_TEMPLATE: list[Any] = []
+def _watched() -> bool:
+    """Whether a pre_init/post_init receiver must see tasks built (then Model.__init__ builds them)."""
+    return signals.pre_init.has_listeners(Task) or signals.post_init.has_listeners(Task)
 
 
-def _template_row() -> list[Any]:
+_TEMPLATE: dict[str, Any] = {}
+
+
+def _template_row() -> dict[str, Any]:
+    """A new task's attributes, each field at its default."""
     if not _TEMPLATE:
-        for i, f in enumerate(Task._meta.concrete_fields):
-            _FIELD_INDEX[f.attname] = i
-            _TEMPLATE.append(f.get_default())
-        _TEMPLATE[_FIELD_INDEX["id"]] = None
-    row = _TEMPLATE[:]
-    # Mutable defaults (dict/list) must not be shared between tasks.
-    for name in ("payload", "context", "schedule_log"):
-        row[_FIELD_INDEX[name]] = type(_TEMPLATE[_FIELD_INDEX[name]])()
-    return row
+        for f in Task._meta.concrete_fields:
+            _TEMPLATE[f.attname] = f.get_default()
+        _TEMPLATE["id"] = None
+    # A mutable default must not be shared between tasks (payload and context are always given).
+    return {**_TEMPLATE, "schedule_log": []}
 
 
 def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) -> Task:

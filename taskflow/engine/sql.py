@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from functools import cache
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 from django.db import connection, transaction
@@ -173,34 +175,41 @@ def insert_batch(table: str, tasks: list[Task]) -> None:
     """
     if not tasks:
         return
-    head, attnames, getters, placeholders = _insert_plan(connection.vendor, connection.timezone_name, table)
+    head, attnames, adapters, placeholders = _insert_plan(connection.vendor, connection.timezone_name, table)
     # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
     # once saves most of that. Other drivers bind parameters natively and gain nothing.
     connection.ensure_connection()  # the driver's own literal() is needed before any query ran
-    literal = _literal_renderer(connection.connection) if connection.vendor == "mysql" else None
-    others = tasks[1:]
+    # A lone row gains nothing: the driver quotes each of its values once either way.
+    literal = _literal_renderer(connection.connection) if connection.vendor == "mysql" and len(tasks) > 1 else None
     marks: list[str] = []
-    varying: list[int] = []
-    for i, name in enumerate(attnames):
-        first = getattr(tasks[0], name)
-        if literal is not None and (
-            not others or all((value := getattr(t, name)) is first or same_value(value, first) for t in others)
-        ):
-            marks.append(literal(getters[i](tasks[0])))
+    varying: list[list[Any]] = []
+    for name, adapt, mark in zip(attnames, adapters, placeholders, strict=True):
+        values = [_payload_getter(t) for t in tasks] if name == "payload" else list(map(attrgetter(name), tasks))
+        if literal is not None and _constant(values):
+            marks.append(literal(adapt(values[0])))
         else:
-            marks.append(placeholders[i])
-            varying.append(i)
-    params: list[Any] = []
-    if varying:
-        row_getters = [getters[i] for i in varying]
-        for task in tasks:
-            params.extend(get(task) for get in row_getters)
+            marks.append(mark)
+            varying.append(values if adapt is _as_is else list(map(adapt, values)))
+    params = list(chain.from_iterable(zip(*varying, strict=True))) if varying else []
     row_sql = "(" + ", ".join(marks) + ")"
     with connection.cursor() as cursor:
         cursor.execute(head + ", ".join([row_sql] * len(tasks)), params)
     for task in tasks:
         task._state.adding = False
         task._state.db = connection.alias
+
+
+def _constant(values: list[Any]) -> bool:
+    """Whether every value of a column is stored as the first one is (see same_value), checked in C where it can be."""
+    first = values[0]
+    if values.count(first) != len(values):  # == is looser than same_value, never stricter
+        return False
+    kind = type(first)
+    if kind in (dict, list, tuple) and not first:  # equal to an empty one: empty
+        return len(set(map(type, values))) == 1
+    if kind in (dict, list, tuple, float):
+        return all(same_value(value, first) for value in values)
+    return len(set(map(type, values))) == 1
 
 
 def insert_batches(tasks: list[Task]) -> list[list[Task]]:
@@ -219,10 +228,6 @@ def insert_batches(tasks: list[Task]) -> list[list[Task]]:
     return batches
 
 
-def _getter(attname: str, adapt: Adapter) -> Any:
-    return lambda task: adapt(getattr(task, attname))
-
-
 def _payload_getter(task: Task) -> Any:
     # Validation already serialised the payload; do not do it twice per task.
     text = task.__dict__.get("_payload_text")
@@ -230,10 +235,11 @@ def _payload_getter(task: Task) -> Any:
 
 
 @cache
-def _insert_plan(
-    vendor: str, time_zone: str | None, table: str
-) -> tuple[str, list[str], list[Callable[[Task], Any]], list[str]]:
-    """The INSERT's fixed parts for one vendor and table: its head, and each column's name, value getter, marker."""
+def _insert_plan(vendor: str, time_zone: str | None, table: str) -> tuple[str, list[str], list[Adapter], list[str]]:
+    """The INSERT's fixed parts for one vendor and table: its head, and each column's name, value adapter, marker.
+
+    The payload's values are already its JSON text, as validation left it (_payload_getter).
+    """
     fields = Task._meta.concrete_fields
     head = f"INSERT INTO {quote(table)} ({', '.join(quote(f.column) for f in fields)}) VALUES "
     adapters = [to_db(f.name) for f in fields]
@@ -241,11 +247,8 @@ def _insert_plan(
         # What Django's adapter does for MySQL and SQLite, without its per-call settings lookups.
         zone = connection.timezone
         adapters = [_naive_text(zone) if a is datetime_to_db else a for a in adapters]
-    getters = [
-        _payload_getter if f.attname == "payload" else _getter(f.attname, adapt)
-        for f, adapt in zip(fields, adapters, strict=True)
-    ]
-    return head, [f.attname for f in fields], getters, [placeholder(f.name) for f in fields]
+    adapters = [_as_is if f.attname == "payload" else a for f, a in zip(fields, adapters, strict=True)]
+    return head, [f.attname for f in fields], adapters, [placeholder(f.name) for f in fields]
 
 
 def _naive_text(zone: tzinfo) -> Adapter:
