@@ -185,6 +185,9 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
         block = nullcontext()
     else:
         block = transaction.atomic(savepoint=bool(keyed))
+    # Where wake-ups travel through the database, a lone INSERT carries its own notice (one round trip).
+    notified = _due_types((t for _, t in fresh), now) if not keyed and len(batches) == 1 else set()
+    notice = wakeup.notification(notified) if notified and sql.appends_statements() else None
     # Minted before the transaction: leasing a node may write, and must not join it.
     new_ids = iter(ids.next_ids(len(specs)))
     with block:
@@ -192,7 +195,7 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
             task.id = task_id
             results[i] = task
         for batch in batches:
-            sql.insert_batch(sql.task_table(), batch)
+            sql.insert_batch(sql.task_table(), batch, then=notice)
         # Identity locks are taken in one global order so two bulk calls cannot deadlock.
         for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
             results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now, next(new_ids))
@@ -201,14 +204,23 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
         created = [(t, spec) for t, spec in written if spec.depends_on]
         if created or replaced:
             dependencies.record_edges(created, replaced, read)
+        due = _due_types((t for t, _ in written), now)
+        if notice is None and due and wakeup.by_database():
+            wakeup.notify_now(due)  # inside our transaction: delivered when it commits
     # Outside the block: on MySQL it may be a transaction Django does not see (no on_commit inside).
     dependencies.check_after_commit(created, read)
     superseding = [t for t, _ in written if getattr(t, "superseded_older", False)]
     if superseding:
         # After the commit, so the lookup holds no lock of the enqueue's.
         transaction.on_commit(lambda: _older_versions_stopped(superseding, now))
-    wakeup.notify_on_commit({t.task_type for t, _ in written if t.status == Status.PENDING and t.run_after <= now})
+    # Redis and in-process listeners hear of it once committed (the database's notice went with it).
+    wakeup.notify_on_commit(due, by_database=False)
     return results  # type: ignore[return-value]
+
+
+def _due_types(tasks: Iterable[Task], now: datetime) -> set[str]:
+    """The types among these new or replaced tasks that are ready to run now: workers to wake."""
+    return {t.task_type for t in tasks if t.status == Status.PENDING and t.run_after <= now}
 
 
 def _spec_from_mapping(request: Mapping[str, Any], now: datetime) -> TaskSpec:

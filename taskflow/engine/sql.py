@@ -166,8 +166,15 @@ def insert_tasks(table: str, tasks: list[Task]) -> None:
         insert_batch(table, batch)
 
 
-def insert_batch(table: str, tasks: list[Task]) -> None:
+def appends_statements() -> bool:
+    """Whether a statement may carry a second one (`insert_batch`'s `then`): psycopg's client-side binding."""
+    return connection.vendor == "postgresql" and not connection.settings_dict["OPTIONS"].get("server_side_binding")
+
+
+def insert_batch(table: str, tasks: list[Task], then: tuple[str, list[Any]] | None = None) -> None:
     """INSERT new task rows with one multi-row statement (see `insert_batches` for its size).
+
+    `then`: a statement and its parameters sent along in the same round trip (see appends_statements).
 
     Hand-built because the ORM's bulk_create prepares every field of every row one call at a time,
     which costs several times more than the database's own work for a table this wide. Columns
@@ -192,8 +199,11 @@ def insert_batch(table: str, tasks: list[Task]) -> None:
             varying.append(values if adapt is _as_is else list(map(adapt, values)))
     params = list(chain.from_iterable(zip(*varying, strict=True))) if varying else []
     row_sql = "(" + ", ".join(marks) + ")"
+    statement = head + ", ".join([row_sql] * len(tasks))
+    if then is not None:
+        statement, params = f"{statement}; {then[0]}", [*params, *then[1]]
     with connection.cursor() as cursor:
-        cursor.execute(head + ", ".join([row_sql] * len(tasks)), params)
+        cursor.execute(statement, params)
     for task in tasks:
         task._state.adding = False
         task._state.db = connection.alias
