@@ -186,8 +186,9 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     else:
         block = transaction.atomic(savepoint=bool(keyed))
     # Where wake-ups travel through the database, a lone INSERT carries its own notice (one round trip).
-    notified = _due_types((t for _, t in fresh), now) if not keyed and len(batches) == 1 else set()
-    notice = wakeup.notification(notified) if notified and sql.appends_statements() else None
+    carried = wakeup.by_database() and sql.appends_statements()
+    notified = _due_types((t for _, t in fresh), now) if carried and len(batches) == 1 else set()
+    notice = wakeup.notification(notified) if notified else None
     # Minted before the transaction: leasing a node may write, and must not join it.
     new_ids = iter(ids.next_ids(len(specs)))
     with block:
@@ -198,15 +199,19 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
             sql.insert_batch(sql.task_table(), batch, then=notice)
         # Identity locks are taken in one global order so two bulk calls cannot deadlock.
         for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
-            results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now, next(new_ids))
+            results[i] = task = _enqueue_keyed(
+                specs[i], cfgs[specs[i].task_type].priority_aging, now, next(new_ids), carry_notice=carried
+            )
+            if getattr(task, "carried_notice", False):
+                notified.add(task.task_type)
         written = [(t, specs[i]) for i, t in enumerate(results) if t is not None and t.enqueue_outcome != EXISTING]
         replaced = [t.pk for t, _ in written if t.enqueue_outcome == REPLACED]
         created = [(t, spec) for t, spec in written if spec.depends_on]
         if created or replaced:
             dependencies.record_edges(created, replaced, read)
         due = _due_types((t for t, _ in written), now)
-        if notice is None and due and wakeup.by_database():
-            wakeup.notify_now(due)  # inside our transaction: delivered when it commits
+        if due - notified and wakeup.by_database():
+            wakeup.notify_now(due - notified)  # inside our transaction: delivered when it commits
     # Outside the block: on MySQL it may be a transaction Django does not see (no on_commit inside).
     dependencies.check_after_commit(created, read)
     superseding = [t for t, _ in written if getattr(t, "superseded_older", False)]
@@ -293,14 +298,14 @@ def _template_row() -> dict[str, Any]:
     return {**_TEMPLATE, "schedule_log": []}
 
 
-def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) -> Task:
+def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int, *, carry_notice: bool = False) -> Task:
     """Apply the identity rules to one keyed request, holding its TaskKey row lock; `task_id` if it creates one."""
     assert spec.key is not None
     table = sql.task_table()
     newest = sql.lock_task_key(spec.task_type, spec.key, spec.version, now)
     if newest is None:
         # A brand-new key: no task of it exists, so there is nothing to find or supersede.
-        return _insert_new(table, spec, aging, now, task_id)
+        return _insert_new(table, spec, aging, now, task_id, carry_notice)
     if spec.version < newest:
         raise StaleVersion(spec.task_type, spec.key, spec.version, newest)
 
@@ -309,7 +314,7 @@ def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) ->
         # An identity spans the task table and the history tables it rolled into.
         existing = _from_history(spec, now)
     if existing is None:
-        task = _insert_new(table, spec, aging, now, task_id)
+        task = _insert_new(table, spec, aging, now, task_id, carry_notice)
     elif existing.status in (Status.FAILED, Status.STOPPED):
         dependencies.refuse_cycle(existing.pk, spec)
         task = _replace(existing, spec, aging, now)
@@ -332,10 +337,13 @@ def _from_history(spec: TaskSpec, now: datetime) -> Task | None:
     return sql.find_task(sql.task_table(), spec.task_type, spec.key, spec.version)
 
 
-def _insert_new(table: str, spec: TaskSpec, aging: float, now: datetime, task_id: int) -> Task:
+def _insert_new(table: str, spec: TaskSpec, aging: float, now: datetime, task_id: int, carry_notice: bool) -> Task:
+    """INSERT a new task of a keyed request; `carry_notice`: the wake-up notice rides along (see enqueue_many)."""
     task = _new_task(spec, aging, now)
     task.id = task_id
-    sql.insert_tasks(table, [task])
+    notice = wakeup.notification({task.task_type}) if carry_notice and _due_types([task], now) else None
+    sql.insert_batch(table, [task], then=notice)
+    task.carried_notice = notice is not None  # type: ignore[attr-defined]
     return task
 
 

@@ -151,9 +151,9 @@ def datetime_from_db() -> Adapter:
         return lambda value: value  # already aware
     if connection.vendor == "sqlite":
         # Text, or a naive datetime where Django's sqlite3 converters already parsed it: UTC either way.
-        return lambda value: None if value is None else (
-            parse_datetime(value) if isinstance(value, str) else value
-        ).replace(tzinfo=UTC)
+        return lambda value: (
+            None if value is None else (parse_datetime(value) if isinstance(value, str) else value).replace(tzinfo=UTC)
+        )
     return lambda value: None if value is None else value.replace(tzinfo=UTC)  # MySQL: naive UTC
 
 
@@ -183,23 +183,40 @@ def insert_batch(table: str, tasks: list[Task], then: tuple[str, list[Any]] | No
     if not tasks:
         return
     head, attnames, adapters, placeholders = _insert_plan(connection.vendor, connection.timezone_name, table)
-    # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
-    # once saves most of that. Other drivers bind parameters natively and gain nothing.
-    connection.ensure_connection()  # the driver's own literal() is needed before any query ran
-    # A lone row gains nothing: the driver quotes each of its values once either way.
-    literal = _literal_renderer(connection.connection) if connection.vendor == "mysql" and len(tasks) > 1 else None
+    # mysqlclient, and psycopg with client-side binding (Django's default), merge parameters into
+    # the statement in Python, psycopg parsing every placeholder of it: rendering batch-wide
+    # constants into the SQL once saves most of that. SQLite binds natively and gains nothing. A
+    # lone row gains nothing either: its values are quoted once either way.
+    connection.ensure_connection()  # the driver's own quoting needs a connection
+    literal = _literal_renderer(connection.vendor, connection.connection) if len(tasks) > 1 else None
     marks: list[str] = []
     varying: list[list[Any]] = []
     for name, adapt, mark in zip(attnames, adapters, placeholders, strict=True):
         values = [_payload_getter(t) for t in tasks] if name == "payload" else list(map(attrgetter(name), tasks))
         if literal is not None and _constant(values):
-            marks.append(literal(adapt(values[0])))
+            marks.append(mark.replace("%s", literal(adapt(values[0]))))
         else:
             marks.append(mark)
             varying.append(values if adapt is _as_is else list(map(adapt, values)))
-    params = list(chain.from_iterable(zip(*varying, strict=True))) if varying else []
-    row_sql = "(" + ", ".join(marks) + ")"
-    statement = head + ", ".join([row_sql] * len(tasks))
+    if connection.vendor == "postgresql" and len(tasks) > 1:
+        # One array per varying column (unnest): a short statement PostgreSQL parses at once,
+        # where a VALUES list of thousands of casts took it longer to plan than to write.
+        types = _column_types(table)
+        casts, selected = [], []
+        for mark, db_type in zip(marks, types, strict=True):
+            if "%s" in mark:
+                casts.append(f"CAST(%s AS {db_type}[])")
+                selected.append(f"u.c{len(casts)}")
+            else:
+                selected.append(mark)
+        aliases = ", ".join(f"c{n}" for n in range(1, len(casts) + 1))
+        source = f"unnest({', '.join(casts)}) AS u({aliases})"
+        statement = f"{head.removesuffix('VALUES ')}SELECT {', '.join(selected)} FROM {source}"
+        params = varying
+    else:
+        params = list(chain.from_iterable(zip(*varying, strict=True))) if varying else []
+        row_sql = "(" + ", ".join(marks) + ")"
+        statement = head + ", ".join([row_sql] * len(tasks))
     if then is not None:
         statement, params = f"{statement}; {then[0]}", [*params, *then[1]]
     with connection.cursor() as cursor:
@@ -207,6 +224,12 @@ def insert_batch(table: str, tasks: list[Task], then: tuple[str, list[Any]] | No
     for task in tasks:
         task._state.adding = False
         task._state.db = connection.alias
+
+
+@cache
+def _column_types(table: str) -> list[str]:
+    """Each Task column's PostgreSQL type, for the arrays of a bulk INSERT."""
+    return [f.db_type(connection) for f in Task._meta.concrete_fields]
 
 
 def _constant(values: list[Any]) -> bool:
@@ -274,25 +297,38 @@ def _naive_text(zone: tzinfo) -> Adapter:
 
 # Short plain values (status, empty strings, zeros, NULL) recur in every row: quote them once.
 # Only text whose quoting cannot depend on the connection (charset, NO_BACKSLASH_ESCAPES) is kept.
-_LITERALS: dict[tuple[type, Any], str] = {}
+_LITERALS: dict[tuple[str, type, Any], str] = {}
 _LITERALS_MAX = 512
 _PLAIN = frozenset(string.ascii_letters + string.digits + " ._:-")
 
 
-def _literal_renderer(driver: Any) -> Callable[[Any], str]:
-    """A function rendering a driver value as SQL text, for mysqlclient connection `driver`."""
+def _literal_renderer(vendor: str, driver: Any) -> Callable[[Any], str] | None:
+    """A function rendering a driver value as SQL text for connection `driver` (None where binding is native)."""
+    if vendor == "mysql":
+
+        def quote_value(value: Any) -> str:
+            rendered = driver.literal(value)
+            return rendered.decode() if isinstance(rendered, bytes) else rendered
+
+    elif appends_statements():  # psycopg's client-side binding
+        from psycopg.sql import Literal
+
+        def quote_value(value: Any) -> str:
+            return Literal(value).as_string(driver)
+
+    else:
+        return None
 
     def render(value: Any) -> str:
         kind = type(value)
         short = value is None or kind is int or kind is bool or (kind is str and len(value) <= 16)
         if short:
-            text = _LITERALS.get((kind, value))
+            text = _LITERALS.get((vendor, kind, value))
             if text is not None:
                 return text
-        rendered = driver.literal(value)
-        text = (rendered.decode() if isinstance(rendered, bytes) else rendered).replace("%", "%%")
+        text = quote_value(value).replace("%", "%%")
         if short and len(_LITERALS) < _LITERALS_MAX and (kind is not str or _PLAIN.issuperset(value)):
-            _LITERALS[(kind, value)] = text
+            _LITERALS[(vendor, kind, value)] = text
         return text
 
     return render
@@ -666,7 +702,7 @@ def update_attempts(
         else:
             values = [rows[i][name] for i in ids]
             first = values[0]
-            if all(same_value(v, first) for v in values):
+            if _constant(values):
                 value_sql, value_params = mark, [convert(first)]
             else:
                 value_sql = f"CASE {qn('id')} {' '.join([f'WHEN %s THEN {mark}'] * len(ids))} END"
