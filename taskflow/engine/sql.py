@@ -183,6 +183,9 @@ def insert_batch(table: str, tasks: list[Task], then: tuple[str, list[Any]] | No
     if not tasks:
         return
     head, attnames, adapters, placeholders = _insert_plan(connection.vendor, connection.timezone_name, table)
+    if len(tasks) == 1:
+        _insert_row(head, attnames, adapters, placeholders, tasks[0], then)
+        return
     # mysqlclient, and psycopg with client-side binding (Django's default), merge parameters into
     # the statement in Python, psycopg parsing every placeholder of it: rendering batch-wide
     # constants into the SQL once saves most of that. SQLite binds natively and gains nothing. A
@@ -230,6 +233,27 @@ def insert_batch(table: str, tasks: list[Task], then: tuple[str, list[Any]] | No
 def _column_types(table: str) -> list[str]:
     """Each Task column's PostgreSQL type, for the arrays of a bulk INSERT."""
     return [f.db_type(connection) for f in Task._meta.concrete_fields]
+
+
+def _insert_row(
+    head: str,
+    attnames: list[str],
+    adapters: list[Adapter],
+    placeholders: list[str],
+    task: Task,
+    then: tuple[str, list[Any]] | None,
+) -> None:
+    """insert_batch of one row: every value a parameter, converted in one pass."""
+    values = task.__dict__
+    params = [adapt(values[name]) for name, adapt in zip(attnames, adapters, strict=True)]
+    params[attnames.index("payload")] = _payload_getter(task)
+    statement = f"{head}({', '.join(placeholders)})"
+    if then is not None:
+        statement, params = f"{statement}; {then[0]}", [*params, *then[1]]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+    task._state.adding = False
+    task._state.db = connection.alias
 
 
 def _constant(values: list[Any]) -> bool:
