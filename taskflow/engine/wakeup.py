@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, OperationalError, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
 
 from ..conf import get_settings
 from .redis import RedisError, get_redis, key
@@ -88,7 +88,7 @@ def _notify(statement: tuple[str, list[Any]] | None) -> None:
     try:
         with connection.cursor() as cursor:
             cursor.execute(*statement)
-    except DatabaseError as exc:  # polling covers a missed wake-up
+    except Exception as exc:  # polling covers a missed wake-up; the caller's own error, if any, matters more
         log.warning("wake-up notice not sent: %s", exc)
 
 
