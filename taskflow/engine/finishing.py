@@ -220,7 +220,7 @@ def _fail_refused(
         )
         return
     if written:
-        report.written = changes
+        report.written, report.waited_for = changes, failure.waited_for
         accepted.append(report)
 
 
