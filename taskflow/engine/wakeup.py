@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, OperationalError, connection, connections, transaction
 
 from ..conf import get_settings
 from .redis import RedisError, get_redis, key
@@ -265,16 +265,25 @@ class PostgresListener:
 
 
 LISTEN_FIRST_PAUSE, LISTEN_MAX_PAUSE = 0.5, 10.0
+LISTEN_GIVE_UP_AFTER = 5  # unexpected errors in a row (not outages) before the listener counts as broken
+LISTENER_THREAD = "taskflow-wakeup"
 
 
 def start_listener(
-    on_wakeup: Listener, stop: threading.Event, on_stop: StopListener | None = None
+    on_wakeup: Listener,
+    stop: threading.Event,
+    on_stop: StopListener | None = None,
+    *,
+    on_fatal: Callable[[str], None] | None = None,
 ) -> threading.Thread | None:
     """Start the thread that receives this deployment's wake-ups and stop notices, if it has any.
 
     Redis pub/sub when Redis is configured, else LISTEN on PostgreSQL; None elsewhere (polling
-    alone). The thread runs until `stop` is set, and reconnects after a failure (a restart of
-    Redis or of the database) with a growing pause: a lost wake-up only waits for the next poll.
+    alone). The thread runs until `stop` is set. Like a worker's other loops it never dies
+    silently: a Redis or database error is an outage, waited out with a growing pause before it
+    connects again (a lost wake-up only waits for the next poll); any other error is logged with
+    its traceback, and `on_fatal` is told if one comes LISTEN_GIVE_UP_AFTER times in a row or the
+    thread dies of something it cannot catch.
     """
     if get_redis() is not None:
         listener: RedisListener | PostgresListener = RedisListener(on_wakeup, stop, on_stop)
@@ -282,29 +291,44 @@ def start_listener(
         listener = PostgresListener(on_wakeup, stop, on_stop)
     else:
         return None
-    thread = threading.Thread(target=_listen_until_stopped, args=(listener, stop), name="taskflow-wakeup", daemon=True)
+    thread = threading.Thread(
+        target=_listen_until_stopped, args=(listener, stop, on_fatal), name=LISTENER_THREAD, daemon=True
+    )
     thread.start()
     return thread
 
 
-def _listen_until_stopped(listener: RedisListener | PostgresListener, stop: threading.Event) -> None:
-    pause, failing = LISTEN_FIRST_PAUSE, False
-    while not stop.is_set():
-        try:
-            listener.listen()
-            pause, failing = LISTEN_FIRST_PAUSE, False
-        except Exception as exc:
-            if not failing:  # once per outage, not once per try
-                log.warning("wake-up listener failed (%s); reconnecting, workers poll meanwhile", exc)
-            failing = True
+def _listen_until_stopped(
+    listener: RedisListener | PostgresListener, stop: threading.Event, on_fatal: Callable[[str], None] | None
+) -> None:
+    pause, outage, unexpected = LISTEN_FIRST_PAUSE, False, 0
+    try:
+        while not stop.is_set():
+            try:
+                listener.listen()
+            except (DatabaseError, RedisError) as exc:
+                if not outage:  # once per outage, not once per try
+                    log.warning("wake-up listener failed (%s); connecting again, workers poll meanwhile", exc)
+                outage = True
+            except Exception:
+                unexpected += 1
+                log.exception("%s failed unexpectedly", LISTENER_THREAD)
+                if unexpected >= LISTEN_GIVE_UP_AFTER:
+                    raise
+            else:
+                if outage:
+                    log.info("wake-up listener connected again")
+                pause, outage, unexpected = LISTEN_FIRST_PAUSE, False, 0
             stop.wait(pause)
             pause = min(pause * 2, LISTEN_MAX_PAUSE)
-        else:
-            if failing:
-                log.info("wake-up listener connected again")
-    for conn in connections.all(initialized_only=True):  # the thread's own, if any was opened
-        with contextlib.suppress(Exception):
-            conn.close()
+    except BaseException as exc:
+        log.critical("%s died", LISTENER_THREAD, exc_info=True)
+        if on_fatal is not None:
+            on_fatal(f"{LISTENER_THREAD} died: {type(exc).__name__}: {exc}")
+    finally:
+        for conn in connections.all(initialized_only=True):  # the thread's own, if any was opened
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 def _text(value: bytes | str) -> str:
