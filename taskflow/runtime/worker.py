@@ -2,7 +2,7 @@
 
 Threads: the claim loop (this object's `run`), `concurrency` handler threads, one reporter that
 writes finished attempts in batches (and then gives their limiter slots back), one liveness
-heartbeat, and (with Redis) a wake-up listener. A thread slot is busy from claim until its handler
+heartbeat, and (with Redis or PostgreSQL) a wake-up listener. A thread slot is busy from claim until its handler
 returns, so the worker never holds more tasks than it can run; results still waiting to be written
 are capped separately, so a slow database pauses claiming rather than piling up results.
 
@@ -165,9 +165,8 @@ class Worker:
         self._liveness.start()
         wakeup.add_local_listener(self._on_wakeup)
         wakeup.add_local_stop_listener(self._on_stop)
-        if self.limiter.uses_redis:
-            listener = wakeup.RedisListener(self._on_wakeup, self._done, on_stop=self._on_stop)
-            Loop("taskflow-wakeup", listener.listen, on_fatal=self._give_up, stop=self._done).start_thread()
+        # Redis pub/sub, PostgreSQL LISTEN or none; a listener that cannot go on stops the worker.
+        wakeup.start_listener(self._on_wakeup, self._done, self._on_stop, on_fatal=self._give_up)
 
     def _spawn_handler(self, name: str) -> None:
         self._threads.append(Loop(name, self._handler_step, on_fatal=self._give_up).start_thread())
