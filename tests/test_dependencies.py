@@ -428,3 +428,58 @@ def test_an_edge_committed_while_a_release_runs_is_left_open_for_its_own_check(m
     assert TaskDependency.objects.get(task_id=late[0].id, depends_on_id=a.id).outcome == ""
     assert dependencies.repair_waiting() == 0  # its other dependency is still pending
     assert TaskDependency.objects.get(task_id=late[0].id, depends_on_id=a.id).outcome == Status.SUCCESS
+
+
+def test_a_flush_releases_the_dependents_of_the_tasks_waited_for_among_those_nobody_waits_for() -> None:
+    lone = [taskflow.enqueue(T, {"lone": i}) for i in range(5)]
+    a = taskflow.enqueue(T, {"n": "a"})
+    b = taskflow.enqueue(T, {"n": "b"}, depends_on=[a.id])
+    held = claim_batch(configs.get(T), 100, "host:1:w")
+    assert {t.id for t in held} == {t.id for t in [*lone, a]}
+    accepted = finish_attempts([Report(t, Outcome.SUCCESS) for t in held])
+    assert len(accepted) == 6
+    assert status(*lone, a, b) == ["success"] * 6 + ["pending"]
+    assert [r.task.id for r in accepted if r.waited_for] == [a.id]
+
+
+def test_a_flush_of_tasks_nobody_waits_for_is_one_statement() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    for i in range(5):
+        taskflow.enqueue(T, {"i": i})
+    held = claim_batch(configs.get(T), 100, "host:1:w")
+    with CaptureQueriesContext(connection) as queries:
+        assert len(finish_attempts([Report(t, Outcome.SUCCESS) for t in held])) == 5
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["UPDATE"]
+
+
+def test_a_dependent_enqueued_while_its_dependencys_end_is_being_committed_is_released() -> None:
+    import threading
+    import time
+
+    from django.db import connection
+
+    a = taskflow.enqueue(T, {})
+    (attempt,) = claim_batch(configs.get(T), 1, "host:1:w")
+    written, errors = threading.Event(), []
+
+    def report() -> None:
+        try:
+            with transaction.atomic():
+                finish_attempts([Report(attempt, Outcome.SUCCESS)])  # its UPDATE sees no edge: no release step
+                written.set()
+                time.sleep(0.5)  # the dependent's enqueue commits meanwhile
+        except BaseException as exc:  # the test reports it
+            errors.append(exc)
+        finally:
+            written.set()
+            connection.close()
+
+    thread = threading.Thread(target=report)
+    thread.start()
+    assert written.wait(30)
+    b = taskflow.enqueue(T, {}, depends_on=[a.id])  # reads A running; its check after commit waits for A's end
+    thread.join(30)
+    assert not errors
+    assert status(a, b) == ["success", "pending"]

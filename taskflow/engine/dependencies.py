@@ -208,7 +208,7 @@ def check_after_commit(created: Sequence[tuple[Task, TaskSpec]], read: dict[int,
         if read[dep][0] not in FINISHED
     }
     if unfinished:
-        transaction.on_commit(lambda: _release_quietly(_finished_among(unfinished)))
+        transaction.on_commit(lambda: _release_quietly(_finished_now(unfinished)))
 
 
 # -- the release ---------------------------------------------------------------------------------------
@@ -344,6 +344,21 @@ def _statuses(ids: Sequence[int]) -> dict[int, tuple[str, str]]:
     """{id: (status, status_msg)} of the tasks found among `ids`, in the task table or a history table."""
     found = rolling.find_tasks(ids, ("status", "status_msg"))
     return {task_id: (row["status"], row["status_msg"]) for task_id, row in found.items()}
+
+
+def _finished_now(ids: Iterable[int]) -> list[int]:
+    """Those of `ids` finished now, or gone, once any end of theirs being written has committed.
+
+    The read locks the rows: a report whose UPDATE found none of our edges (so it releases no one,
+    see finishing.py) and has not committed yet is waited for, and its end seen here.
+    """
+    ids = sorted(set(ids))
+    with transaction.atomic():
+        hot = dict(Task.objects.select_for_update().filter(id__in=ids).order_by("id").values_list("id", "status"))
+    missing = [i for i in ids if i not in hot]
+    return sorted(
+        [i for i, status in hot.items() if status in FINISHED] + (_finished_among(missing) if missing else [])
+    )
 
 
 def _finished_among(ids: Iterable[int]) -> list[int]:

@@ -6,14 +6,17 @@ workers are woken only after the commit.
 
 from __future__ import annotations
 
+import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import signals
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from ..exceptions import InvalidTask, StaleVersion
@@ -52,6 +55,25 @@ _SPEC_FIELDS = {
     "on_dependency_failure",
 }
 
+# The values that mean "not given" for each option (taskflow.enqueue passes every option), known
+# by identity: a request holding only these needs no option checked.
+_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "key": (None, ""),
+    "version": (0,),
+    "priority": (0,),
+    "run_after": (None,),
+    "max_retries": (None,),
+    "timeout": (None,),
+    "stage": (None, ""),
+    "user_id": (None, ""),
+    "context": (None,),
+    "trace_id": (None, ""),
+    "retry_same_host": (0,),
+    "depends_on": (None, ()),
+    "on_dependency_failure": (None, "stop"),
+}
+_DEFAULT_IDS = {(name, id(value)) for name, values in _DEFAULTS.items() for value in values}
+
 
 @dataclass
 class TaskSpec:
@@ -79,6 +101,13 @@ class TaskSpec:
 
     @classmethod
     def build(cls, now: datetime, task_type: object, payload: Any = None, **options: Any) -> TaskSpec:
+        if all((name, id(value)) in _DEFAULT_IDS for name, value in options.items()):
+            # Every option at its default (taskflow.enqueue passes them all): only the payload to check.
+            payload = {} if payload is None else payload
+            payload_text = json_text("payload", payload)
+            return cls(
+                task_type=validate_task_type(task_type), payload=payload, payload_text=payload_text, run_after=now
+            )
         unknown = set(options) - _SPEC_FIELDS
         if unknown:
             raise InvalidTask(f"unknown task option(s): {', '.join(sorted(unknown))}")
@@ -101,7 +130,7 @@ class TaskSpec:
             timeout=timeout,
             stage=validate_short_text("stage", options.get("stage") or "", 100),
             user_id=validate_short_text("user_id", str(options.get("user_id") or ""), 64),
-            context=validate_json("context", options.get("context") or {}),
+            context=_context(options.get("context")),
             trace_id=validate_short_text("trace_id", options.get("trace_id") or "", 32),
             retry_same_host=validate_non_negative_int(  # type: ignore[arg-type]
                 "retry_same_host", options.get("retry_same_host", 0), maximum=MAX_INT
@@ -109,6 +138,11 @@ class TaskSpec:
             depends_on=dependencies.validate_depends_on(options.get("depends_on")),
             run_on_dependency_failure=dependencies.validate_on_failure(options.get("on_dependency_failure")),
         )
+
+
+def _context(value: Any) -> Any:
+    # Most tasks carry none: the empty default needs no check.
+    return validate_json("context", value) if value else {}
 
 
 def enqueue(task_type: str, payload: Any = None, **options: Any) -> Task:
@@ -131,10 +165,10 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
     cfgs = configs.get_many(s.task_type for s in specs)
     results: list[Task | None] = [None] * len(specs)
     keyed = [i for i, spec in enumerate(specs) if spec.key is not None]
+    unkeyed = [(i, spec) for i, spec in enumerate(specs) if spec.key is None]
+    traces, watched = _trace_ids(len(unkeyed)), _watched()
     fresh = [
-        (i, _new_task(spec, cfgs[spec.task_type].priority_aging, now))
-        for i, spec in enumerate(specs)
-        if spec.key is None
+        (i, _new_task(spec, cfgs[spec.task_type].priority_aging, now, next(traces), watched)) for i, spec in unkeyed
     ]
 
     # A StaleVersion undoes the whole call and nothing else: a call with keys gets a savepoint for
@@ -151,6 +185,10 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
         block = nullcontext()
     else:
         block = transaction.atomic(savepoint=bool(keyed))
+    # Where wake-ups travel through the database, a lone INSERT carries its own notice (one round trip).
+    carried = wakeup.by_database() and sql.appends_statements()
+    notified = _due_types((t for _, t in fresh), now) if carried and len(batches) == 1 else set()
+    notice = wakeup.notification(notified) if notified else None
     # Minted before the transaction: leasing a node may write, and must not join it.
     new_ids = iter(ids.next_ids(len(specs)))
     with block:
@@ -158,23 +196,36 @@ def enqueue_many(requests: Iterable[Mapping[str, Any] | TaskSpec]) -> list[Task]
             task.id = task_id
             results[i] = task
         for batch in batches:
-            sql.insert_batch(sql.task_table(), batch)
+            sql.insert_batch(sql.task_table(), batch, then=notice)
         # Identity locks are taken in one global order so two bulk calls cannot deadlock.
         for i in sorted(keyed, key=lambda j: (specs[j].task_type, specs[j].key)):
-            results[i] = _enqueue_keyed(specs[i], cfgs[specs[i].task_type].priority_aging, now, next(new_ids))
+            results[i] = task = _enqueue_keyed(
+                specs[i], cfgs[specs[i].task_type].priority_aging, now, next(new_ids), carry_notice=carried
+            )
+            if getattr(task, "carried_notice", False):
+                notified.add(task.task_type)
         written = [(t, specs[i]) for i, t in enumerate(results) if t is not None and t.enqueue_outcome != EXISTING]
         replaced = [t.pk for t, _ in written if t.enqueue_outcome == REPLACED]
         created = [(t, spec) for t, spec in written if spec.depends_on]
         if created or replaced:
             dependencies.record_edges(created, replaced, read)
+        due = _due_types((t for t, _ in written), now)
+        if due - notified and wakeup.by_database():
+            wakeup.notify_now(due - notified)  # inside our transaction: delivered when it commits
     # Outside the block: on MySQL it may be a transaction Django does not see (no on_commit inside).
     dependencies.check_after_commit(created, read)
     superseding = [t for t, _ in written if getattr(t, "superseded_older", False)]
     if superseding:
         # After the commit, so the lookup holds no lock of the enqueue's.
         transaction.on_commit(lambda: _older_versions_stopped(superseding, now))
-    wakeup.notify_on_commit({t.task_type for t, _ in written if t.status == Status.PENDING and t.run_after <= now})
+    # Redis and in-process listeners hear of it once committed (the database's notice went with it).
+    wakeup.notify_on_commit(due, by_database=False)
     return results  # type: ignore[return-value]
+
+
+def _due_types(tasks: Iterable[Task], now: datetime) -> set[str]:
+    """The types among these new or replaced tasks that are ready to run now: workers to wake."""
+    return {t.task_type for t in tasks if t.status == Status.PENDING and t.run_after <= now}
 
 
 def _spec_from_mapping(request: Mapping[str, Any], now: datetime) -> TaskSpec:
@@ -184,7 +235,13 @@ def _spec_from_mapping(request: Mapping[str, Any], now: datetime) -> TaskSpec:
     return TaskSpec.build(now, options.pop("task_type"), options.pop("payload", None), **options)
 
 
-def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
+def _trace_ids(count: int) -> Iterator[str]:
+    """`count` random trace ids (32 hex digits, as uuid4().hex), from one call for random bytes."""
+    text = os.urandom(16 * count).hex()
+    return (text[i : i + 32] for i in range(0, 32 * count, 32))
+
+
+def _new_task(spec: TaskSpec, aging: float, now: datetime, trace_id: str = "", watched: bool | None = None) -> Task:
     run_after = spec.run_after or now
     values = {
         "task_type": spec.task_type,
@@ -197,8 +254,8 @@ def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
         "max_retries": spec.max_retries,
         "timeout": spec.timeout,
         "run_after": run_after,
-        "order_time": order_time(run_after, spec.priority, aging),
-        "trace_id": spec.trace_id or uuid.uuid4().hex,
+        "order_time": order_time(run_after, spec.priority, aging) if spec.priority else run_after,
+        "trace_id": spec.trace_id or trace_id or uuid.uuid4().hex,
         "user_id": spec.user_id,
         "retry_same_host": spec.retry_same_host,
         "created_at": now,
@@ -207,42 +264,48 @@ def _new_task(spec: TaskSpec, aging: float, now: datetime) -> Task:
         "status_msg": spec.status_msg,
         "finished_at": now if spec.status == Status.STOPPED else None,
     }
-    # Positional construction skips the per-field keyword handling of Model.__init__, which
-    # dominated bulk enqueueing; defaults come from one template row.
+    # Defaults come from one template row, filled in as Model.__init__ would, without its per-field
+    # work (which dominated bulk enqueueing) unless a pre_init/post_init receiver must see it.
     row = _template_row()
-    for name, value in values.items():
-        row[_FIELD_INDEX[name]] = value
-    task = Task(*row)
-    task.enqueue_outcome = CREATED  # type: ignore[attr-defined]
-    task._payload_text = spec.payload_text  # type: ignore[attr-defined]
+    row.update(values)
+    row["enqueue_outcome"] = CREATED
+    row["_payload_text"] = spec.payload_text
+    if _watched() if watched is None else watched:
+        task = Task(**{name: row.pop(name) for name in _TEMPLATE})
+        task.__dict__.update(row)
+        return task
+    task = Task.__new__(Task)
+    task._state = ModelState()
+    task.__dict__.update(row)
     return task
 
 
-_FIELD_INDEX: dict[str, int] = {}
-_TEMPLATE: list[Any] = []
+def _watched() -> bool:
+    """Whether a pre_init/post_init receiver must see tasks built (then Model.__init__ builds them)."""
+    return signals.pre_init.has_listeners(Task) or signals.post_init.has_listeners(Task)
 
 
-def _template_row() -> list[Any]:
+_TEMPLATE: dict[str, Any] = {}
+
+
+def _template_row() -> dict[str, Any]:
+    """A new task's attributes, each field at its default."""
     if not _TEMPLATE:
-        for i, f in enumerate(Task._meta.concrete_fields):
-            _FIELD_INDEX[f.attname] = i
-            _TEMPLATE.append(f.get_default())
-        _TEMPLATE[_FIELD_INDEX["id"]] = None
-    row = _TEMPLATE[:]
-    # Mutable defaults (dict/list) must not be shared between tasks.
-    for name in ("payload", "context", "schedule_log"):
-        row[_FIELD_INDEX[name]] = type(_TEMPLATE[_FIELD_INDEX[name]])()
-    return row
+        for f in Task._meta.concrete_fields:
+            _TEMPLATE[f.attname] = f.get_default()
+        _TEMPLATE["id"] = None
+    # A mutable default must not be shared between tasks (payload and context are always given).
+    return {**_TEMPLATE, "schedule_log": []}
 
 
-def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) -> Task:
+def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int, *, carry_notice: bool = False) -> Task:
     """Apply the identity rules to one keyed request, holding its TaskKey row lock; `task_id` if it creates one."""
     assert spec.key is not None
     table = sql.task_table()
     newest = sql.lock_task_key(spec.task_type, spec.key, spec.version, now)
     if newest is None:
         # A brand-new key: no task of it exists, so there is nothing to find or supersede.
-        return _insert_new(table, spec, aging, now, task_id)
+        return _insert_new(table, spec, aging, now, task_id, carry_notice)
     if spec.version < newest:
         raise StaleVersion(spec.task_type, spec.key, spec.version, newest)
 
@@ -251,7 +314,7 @@ def _enqueue_keyed(spec: TaskSpec, aging: float, now: datetime, task_id: int) ->
         # An identity spans the task table and the history tables it rolled into.
         existing = _from_history(spec, now)
     if existing is None:
-        task = _insert_new(table, spec, aging, now, task_id)
+        task = _insert_new(table, spec, aging, now, task_id, carry_notice)
     elif existing.status in (Status.FAILED, Status.STOPPED):
         dependencies.refuse_cycle(existing.pk, spec)
         task = _replace(existing, spec, aging, now)
@@ -274,10 +337,13 @@ def _from_history(spec: TaskSpec, now: datetime) -> Task | None:
     return sql.find_task(sql.task_table(), spec.task_type, spec.key, spec.version)
 
 
-def _insert_new(table: str, spec: TaskSpec, aging: float, now: datetime, task_id: int) -> Task:
+def _insert_new(table: str, spec: TaskSpec, aging: float, now: datetime, task_id: int, carry_notice: bool) -> Task:
+    """INSERT a new task of a keyed request; `carry_notice`: the wake-up notice rides along (see enqueue_many)."""
     task = _new_task(spec, aging, now)
     task.id = task_id
-    sql.insert_tasks(table, [task])
+    notice = wakeup.notification({task.task_type}) if carry_notice and _due_types([task], now) else None
+    sql.insert_batch(table, [task], then=notice)
+    task.carried_notice = notice is not None  # type: ignore[attr-defined]
     return task
 
 

@@ -120,9 +120,10 @@ def _finish(
         _give_slots_back(accepted, cfgs, limiter, now)
         # Tasks that reached their final status release the tasks waiting for them, once committed;
         # django.tasks ones are announced (task_finished), once, whoever ended them.
-        ended = [r.task for r in accepted if r.written and r.written.get("status") in dependencies.FINISHED]
-        dependencies.release_on_commit(task.id for task in ended)
-        endings.announce_finished((task.id, task.task_type) for task in ended)
+        ended = [r for r in accepted if r.written and r.written.get("status") in dependencies.FINISHED]
+        # Only those the write found others waiting for (or did not look): the rest cost nothing here.
+        dependencies.release_on_commit(r.task.id for r in ended if r.waited_for)
+        endings.announce_finished((r.task.id, r.task.task_type) for r in ended)
         # Requeued work that is due now (retries without delay, next stages, hand-backs): look at once.
         due = {r.task.task_type for r in accepted if _due_now(r.written, now)}
         if due:
@@ -144,13 +145,20 @@ def _failure(report: Report, reason: str) -> Report:
 
 
 def _write_isolating(
-    table: str, rows: list[Row], cfgs: dict[str, ScheduleCfg], guard: sql.Guard, now: datetime, accepted: list[Report]
+    table: str,
+    rows: list[Row],
+    cfgs: dict[str, ScheduleCfg],
+    guard: sql.Guard,
+    now: datetime,
+    accepted: list[Report],
+    *,
+    leave_waited_for: bool = True,
 ) -> None:
     """Write `rows`, failing instead the task of any report the database refuses (see the module doc)."""
     tries = 0
     while True:
         try:
-            written = _write(table, rows, cfgs, guard, now)
+            written, waited_for = _write(table, rows, cfgs, guard, now, leave_waited_for=leave_waited_for)
         except Exception as exc:
             if sql.is_lock_conflict(exc) or not _database_answers():
                 # Another transaction's locks, or an outage: nothing of this part was written and
@@ -167,10 +175,13 @@ def _write_isolating(
         for report, changes in written:
             report.written = changes
             accepted.append(report)
+        if waited_for:
+            # Committed already (no transaction): what was written counts even if this fails.
+            _write_isolating(table, waited_for, cfgs, guard, now, accepted, leave_waited_for=False)
         return
     half = len(rows) // 2
-    _write_isolating(table, rows[:half], cfgs, guard, now, accepted)
-    _write_isolating(table, rows[half:], cfgs, guard, now, accepted)
+    _write_isolating(table, rows[:half], cfgs, guard, now, accepted, leave_waited_for=leave_waited_for)
+    _write_isolating(table, rows[half:], cfgs, guard, now, accepted, leave_waited_for=leave_waited_for)
 
 
 def _refusal(exc: Exception) -> bool:
@@ -195,7 +206,7 @@ def _fail_refused(
     failure = _failure(report, reason)
     changes = row_changes(failure, cfgs[report.task.task_type], now)
     try:
-        written = _write(table, [(failure, changes)], cfgs, guard, now)
+        written, _ = _write(table, [(failure, changes)], cfgs, guard, now, leave_waited_for=False)
     except Exception as again:
         if sql.is_lock_conflict(again) or not _database_answers():
             raise
@@ -209,13 +220,27 @@ def _fail_refused(
         )
         return
     if written:
-        report.written = changes
+        report.written, report.waited_for = changes, failure.waited_for
         accepted.append(report)
 
 
-def _write(table: str, rows: list[Row], cfgs: dict[str, ScheduleCfg], guard: sql.Guard, now: datetime) -> list[Row]:
-    """Write `rows` in one transaction; returns those whose attempt was still theirs to end (as written)."""
+def _write(
+    table: str,
+    rows: list[Row],
+    cfgs: dict[str, ScheduleCfg],
+    guard: sql.Guard,
+    now: datetime,
+    *,
+    leave_waited_for: bool,
+) -> tuple[list[Row], list[Row]]:
+    """Write `rows` in one transaction; returns those whose attempt was still theirs to end (as written).
+
+    With `leave_waited_for`, a task that ends while other tasks wait for it is written by a second
+    UPDATE (in the same transaction, or, when there is none, returned as the second list for the
+    caller to write), so only those pay for their release. Each row is changed by one statement.
+    """
     accepted: list[Row] = []
+    left: list[Row] = []
     rereads = any(report.outcome in _DECIDED_WITH_CURRENT_SETTINGS for report, _ in rows)
     statements = _statements(rows)
     # All statements or none, so a retried flush never mistakes its own earlier writes for stale
@@ -229,19 +254,43 @@ def _write(table: str, rows: list[Row], cfgs: dict[str, ScheduleCfg], guard: sql
         if rereads:
             statements = _statements(_decided_with_current_settings(table, rows, cfgs, now))
         for chunk in statements:
-            token = chunk[0][0].task.lease_token
-            by_id = {report.task.id: (report, changes) for report, changes in chunk}
-            count = sql.update_attempts(table, {tid: changes for tid, (_, changes) in by_id.items()}, token, guard)
-            if count == len(by_id):
-                accepted.extend(by_id.values())
-            elif count:
-                # Some were stale: ours are exactly those now carrying this write's timestamp.
-                written_token = chunk[0][1].get("lease_token", token)
-                mine = sql.ids_written_at(table, by_id, written_token, now)
-                accepted.extend(row for tid, row in by_id.items() if tid in mine)
+            check = leave_waited_for and any(c.get("status") in dependencies.FINISHED for _, c in chunk)
+            written, waited_for = _update(table, chunk, guard, now, unless_waited_for=check)
+            accepted += written
+            if waited_for and atomic:
+                accepted += _update(table, waited_for, guard, now, unless_waited_for=False)[0]
+            elif waited_for:
+                left += waited_for
         if stops:
             limiter_module.keep_lingering([r.task for r, _ in accepted if r.outcome == Outcome.TERMINATED], now)
-    return accepted
+    return accepted, left
+
+
+def _update(
+    table: str, chunk: list[Row], guard: sql.Guard, now: datetime, *, unless_waited_for: bool
+) -> tuple[list[Row], list[Row]]:
+    """One guarded UPDATE of `chunk`; returns the rows it wrote and, `unless_waited_for`, those it left out.
+
+    Those left out are stale or waited for by other tasks: the caller writes them again without
+    the condition, and only the stale ones stay unwritten.
+    """
+    token = chunk[0][0].task.lease_token
+    by_id = {report.task.id: (report, changes) for report, changes in chunk}
+    count = sql.update_attempts(
+        table, {tid: changes for tid, (_, changes) in by_id.items()}, token, guard, unless_waited_for=unless_waited_for
+    )
+    if count == len(by_id):
+        mine = set(by_id)
+    elif count:
+        # Some were left out: ours are exactly those now carrying this write's timestamp.
+        mine = sql.ids_written_at(table, by_id, chunk[0][1].get("lease_token", token), now)
+    else:
+        mine = set()
+    written = [row for tid, row in by_id.items() if tid in mine]
+    for report, _ in written:
+        report.waited_for = not unless_waited_for
+    left = [row for tid, row in by_id.items() if tid not in mine] if unless_waited_for else []
+    return written, left
 
 
 def _statements(rows: list[Row]) -> list[list[Row]]:

@@ -286,6 +286,8 @@ class Limiter:
             limits = {t: cfg.concurrency_limit for t, cfg in configs.get_many({a.task_type for a in attempts}).items()}
         held: dict[str, list[str]] = defaultdict(list)
         everything = get_settings().GLOBAL_CONCURRENCY_LIMIT > 0
+        if not everything and not any(limit > 0 for limit in limits.values()):
+            return  # no slot is held for any of them
         for attempt in attempts:
             member = holder(attempt)
             if limits.get(attempt.task_type, 0) > 0:

@@ -40,3 +40,5 @@ class Report:
     cost_ms: int = 0
     result_size: int | None = None  # bytes of the result as JSON, if already measured (the worker does)
     written: dict[str, Any] | None = None  # the columns finish_attempts wrote, once accepted
+    # Whether other tasks may wait for this one (its write did not rule it out): its end releases them.
+    waited_for: bool = True

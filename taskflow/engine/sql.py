@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from functools import cache
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 from django.db import connection, transaction
@@ -23,7 +25,7 @@ from django.db.models import DateTimeField
 from django.db.models.expressions import RawSQL
 from django.utils.dateparse import parse_datetime
 
-from ..models import SchedulePos, Status, Task, TaskKey, WorkerProcess
+from ..models import SchedulePos, Status, Task, TaskDependency, TaskKey, WorkerProcess
 
 Adapter = Callable[[Any], Any]
 INSERT_BATCH = 1000  # rows per multi-row INSERT
@@ -149,9 +151,9 @@ def datetime_from_db() -> Adapter:
         return lambda value: value  # already aware
     if connection.vendor == "sqlite":
         # Text, or a naive datetime where Django's sqlite3 converters already parsed it: UTC either way.
-        return lambda value: None if value is None else (
-            parse_datetime(value) if isinstance(value, str) else value
-        ).replace(tzinfo=UTC)
+        return lambda value: (
+            None if value is None else (parse_datetime(value) if isinstance(value, str) else value).replace(tzinfo=UTC)
+        )
     return lambda value: None if value is None else value.replace(tzinfo=UTC)  # MySQL: naive UTC
 
 
@@ -164,8 +166,15 @@ def insert_tasks(table: str, tasks: list[Task]) -> None:
         insert_batch(table, batch)
 
 
-def insert_batch(table: str, tasks: list[Task]) -> None:
+def appends_statements() -> bool:
+    """Whether a statement may carry a second one (`insert_batch`'s `then`): psycopg's client-side binding."""
+    return connection.vendor == "postgresql" and not connection.settings_dict["OPTIONS"].get("server_side_binding")
+
+
+def insert_batch(table: str, tasks: list[Task], then: tuple[str, list[Any]] | None = None) -> None:
     """INSERT new task rows with one multi-row statement (see `insert_batches` for its size).
+
+    `then`: a statement and its parameters sent along in the same round trip (see appends_statements).
 
     Hand-built because the ORM's bulk_create prepares every field of every row one call at a time,
     which costs several times more than the database's own work for a table this wide. Columns
@@ -173,34 +182,91 @@ def insert_batch(table: str, tasks: list[Task]) -> None:
     """
     if not tasks:
         return
-    head, attnames, getters, placeholders = _insert_plan(connection.vendor, connection.timezone_name, table)
-    # mysqlclient quotes every parameter in Python; rendering batch-wide constants into the SQL
-    # once saves most of that. Other drivers bind parameters natively and gain nothing.
-    connection.ensure_connection()  # the driver's own literal() is needed before any query ran
-    literal = _literal_renderer(connection.connection) if connection.vendor == "mysql" else None
-    others = tasks[1:]
+    head, attnames, adapters, placeholders = _insert_plan(connection.vendor, connection.timezone_name, table)
+    if len(tasks) == 1:
+        _insert_row(head, attnames, adapters, placeholders, tasks[0], then)
+        return
+    # mysqlclient, and psycopg with client-side binding (Django's default), merge parameters into
+    # the statement in Python, psycopg parsing every placeholder of it: rendering batch-wide
+    # constants into the SQL once saves most of that. SQLite binds natively and gains nothing. A
+    # lone row gains nothing either: its values are quoted once either way.
+    connection.ensure_connection()  # the driver's own quoting needs a connection
+    literal = _literal_renderer(connection.vendor, connection.connection) if len(tasks) > 1 else None
     marks: list[str] = []
-    varying: list[int] = []
-    for i, name in enumerate(attnames):
-        first = getattr(tasks[0], name)
-        if literal is not None and (
-            not others or all((value := getattr(t, name)) is first or same_value(value, first) for t in others)
-        ):
-            marks.append(literal(getters[i](tasks[0])))
+    varying: list[list[Any]] = []
+    for name, adapt, mark in zip(attnames, adapters, placeholders, strict=True):
+        values = [_payload_getter(t) for t in tasks] if name == "payload" else list(map(attrgetter(name), tasks))
+        if literal is not None and _constant(values):
+            marks.append(mark.replace("%s", literal(adapt(values[0]))))
         else:
-            marks.append(placeholders[i])
-            varying.append(i)
-    params: list[Any] = []
-    if varying:
-        row_getters = [getters[i] for i in varying]
-        for task in tasks:
-            params.extend(get(task) for get in row_getters)
-    row_sql = "(" + ", ".join(marks) + ")"
+            marks.append(mark)
+            varying.append(values if adapt is _as_is else list(map(adapt, values)))
+    if connection.vendor == "postgresql" and len(tasks) > 1:
+        # One array per varying column (unnest): a short statement PostgreSQL parses at once,
+        # where a VALUES list of thousands of casts took it longer to plan than to write.
+        types = _column_types(table)
+        casts, selected = [], []
+        for mark, db_type in zip(marks, types, strict=True):
+            if "%s" in mark:
+                casts.append(f"CAST(%s AS {db_type}[])")
+                selected.append(f"u.c{len(casts)}")
+            else:
+                selected.append(mark)
+        aliases = ", ".join(f"c{n}" for n in range(1, len(casts) + 1))
+        source = f"unnest({', '.join(casts)}) AS u({aliases})"
+        statement = f"{head.removesuffix('VALUES ')}SELECT {', '.join(selected)} FROM {source}"
+        params = varying
+    else:
+        params = list(chain.from_iterable(zip(*varying, strict=True))) if varying else []
+        row_sql = "(" + ", ".join(marks) + ")"
+        statement = head + ", ".join([row_sql] * len(tasks))
+    if then is not None:
+        statement, params = f"{statement}; {then[0]}", [*params, *then[1]]
     with connection.cursor() as cursor:
-        cursor.execute(head + ", ".join([row_sql] * len(tasks)), params)
+        cursor.execute(statement, params)
     for task in tasks:
         task._state.adding = False
         task._state.db = connection.alias
+
+
+@cache
+def _column_types(table: str) -> list[str]:
+    """Each Task column's PostgreSQL type, for the arrays of a bulk INSERT."""
+    return [f.db_type(connection) for f in Task._meta.concrete_fields]
+
+
+def _insert_row(
+    head: str,
+    attnames: list[str],
+    adapters: list[Adapter],
+    placeholders: list[str],
+    task: Task,
+    then: tuple[str, list[Any]] | None,
+) -> None:
+    """insert_batch of one row: every value a parameter, converted in one pass."""
+    values = task.__dict__
+    params = [adapt(values[name]) for name, adapt in zip(attnames, adapters, strict=True)]
+    params[attnames.index("payload")] = _payload_getter(task)
+    statement = f"{head}({', '.join(placeholders)})"
+    if then is not None:
+        statement, params = f"{statement}; {then[0]}", [*params, *then[1]]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+    task._state.adding = False
+    task._state.db = connection.alias
+
+
+def _constant(values: list[Any]) -> bool:
+    """Whether every value of a column is stored as the first one is (see same_value), checked in C where it can be."""
+    first = values[0]
+    if values.count(first) != len(values):  # == is looser than same_value, never stricter
+        return False
+    kind = type(first)
+    if kind in (dict, list, tuple) and not first:  # equal to an empty one: empty
+        return len(set(map(type, values))) == 1
+    if kind in (dict, list, tuple, float):
+        return all(same_value(value, first) for value in values)
+    return len(set(map(type, values))) == 1
 
 
 def insert_batches(tasks: list[Task]) -> list[list[Task]]:
@@ -219,10 +285,6 @@ def insert_batches(tasks: list[Task]) -> list[list[Task]]:
     return batches
 
 
-def _getter(attname: str, adapt: Adapter) -> Any:
-    return lambda task: adapt(getattr(task, attname))
-
-
 def _payload_getter(task: Task) -> Any:
     # Validation already serialised the payload; do not do it twice per task.
     text = task.__dict__.get("_payload_text")
@@ -230,10 +292,11 @@ def _payload_getter(task: Task) -> Any:
 
 
 @cache
-def _insert_plan(
-    vendor: str, time_zone: str | None, table: str
-) -> tuple[str, list[str], list[Callable[[Task], Any]], list[str]]:
-    """The INSERT's fixed parts for one vendor and table: its head, and each column's name, value getter, marker."""
+def _insert_plan(vendor: str, time_zone: str | None, table: str) -> tuple[str, list[str], list[Adapter], list[str]]:
+    """The INSERT's fixed parts for one vendor and table: its head, and each column's name, value adapter, marker.
+
+    The payload's values are already its JSON text, as validation left it (_payload_getter).
+    """
     fields = Task._meta.concrete_fields
     head = f"INSERT INTO {quote(table)} ({', '.join(quote(f.column) for f in fields)}) VALUES "
     adapters = [to_db(f.name) for f in fields]
@@ -241,11 +304,8 @@ def _insert_plan(
         # What Django's adapter does for MySQL and SQLite, without its per-call settings lookups.
         zone = connection.timezone
         adapters = [_naive_text(zone) if a is datetime_to_db else a for a in adapters]
-    getters = [
-        _payload_getter if f.attname == "payload" else _getter(f.attname, adapt)
-        for f, adapt in zip(fields, adapters, strict=True)
-    ]
-    return head, [f.attname for f in fields], getters, [placeholder(f.name) for f in fields]
+    adapters = [_as_is if f.attname == "payload" else a for f, a in zip(fields, adapters, strict=True)]
+    return head, [f.attname for f in fields], adapters, [placeholder(f.name) for f in fields]
 
 
 def _naive_text(zone: tzinfo) -> Adapter:
@@ -261,25 +321,38 @@ def _naive_text(zone: tzinfo) -> Adapter:
 
 # Short plain values (status, empty strings, zeros, NULL) recur in every row: quote them once.
 # Only text whose quoting cannot depend on the connection (charset, NO_BACKSLASH_ESCAPES) is kept.
-_LITERALS: dict[tuple[type, Any], str] = {}
+_LITERALS: dict[tuple[str, type, Any], str] = {}
 _LITERALS_MAX = 512
 _PLAIN = frozenset(string.ascii_letters + string.digits + " ._:-")
 
 
-def _literal_renderer(driver: Any) -> Callable[[Any], str]:
-    """A function rendering a driver value as SQL text, for mysqlclient connection `driver`."""
+def _literal_renderer(vendor: str, driver: Any) -> Callable[[Any], str] | None:
+    """A function rendering a driver value as SQL text for connection `driver` (None where binding is native)."""
+    if vendor == "mysql":
+
+        def quote_value(value: Any) -> str:
+            rendered = driver.literal(value)
+            return rendered.decode() if isinstance(rendered, bytes) else rendered
+
+    elif appends_statements():  # psycopg's client-side binding
+        from psycopg.sql import Literal
+
+        def quote_value(value: Any) -> str:
+            return Literal(value).as_string(driver)
+
+    else:
+        return None
 
     def render(value: Any) -> str:
         kind = type(value)
         short = value is None or kind is int or kind is bool or (kind is str and len(value) <= 16)
         if short:
-            text = _LITERALS.get((kind, value))
+            text = _LITERALS.get((vendor, kind, value))
             if text is not None:
                 return text
-        rendered = driver.literal(value)
-        text = (rendered.decode() if isinstance(rendered, bytes) else rendered).replace("%", "%%")
+        text = quote_value(value).replace("%", "%%")
         if short and len(_LITERALS) < _LITERALS_MAX and (kind is not str or _PLAIN.issuperset(value)):
-            _LITERALS[(kind, value)] = text
+            _LITERALS[(vendor, kind, value)] = text
         return text
 
     return render
@@ -527,6 +600,52 @@ def _select_held_sql(table: str, columns: tuple[str, ...]) -> tuple[str, str]:
     return head, f") AND {qn('status')} = %s AND {qn('worker_id')} = %s"
 
 
+def claims_in_one_statement() -> bool:
+    """Whether `claim_due` works here: a locked read and its UPDATE in one statement (UPDATE ... RETURNING)."""
+    return connection.vendor == "postgresql"
+
+
+def claim_due(
+    table: str, task_type: str, limit: int, host: str, worker_id: str, now: datetime, default_timeout: int
+) -> list[dict[str, Any]]:
+    """`select_due` and `mark_processing` in one statement (see claims_in_one_statement), one round trip.
+
+    Returns the rows as `select_due` does plus `order_time`, with `attempts` and `lease_token`
+    already counted; each deadline is `now` plus the task's timeout, else `default_timeout`.
+    """
+    qn = quote
+    columns = ", ".join(f"t.{column(name)}" for name in (*CLAIM_COLUMNS, "order_time"))
+    hosts = f"{qn('prefer_host')} = '' OR {qn('prefer_host_until')} <= %s"
+    at = connection.ops.adapt_datetimefield_value(now)
+    where: list[Any] = [Status.PENDING.value, task_type, at, at]
+    if host:
+        hosts += f" OR {qn('prefer_host')} = %s"
+        where.append(host)
+    sql = (
+        f"WITH due AS MATERIALIZED (SELECT {qn('id')} FROM {qn(table)} "
+        f"WHERE {qn('status')} = %s AND {qn('task_type')} = %s AND {qn('run_after')} <= %s AND ({hosts}) "
+        f"ORDER BY {qn('order_time')} LIMIT %s FOR UPDATE SKIP LOCKED) "
+        f"UPDATE {qn(table)} t SET {qn('status')} = %s, "
+        f"{qn('attempts')} = t.{qn('attempts')} + 1, {qn('lease_token')} = t.{qn('lease_token')} + 1, "
+        f"{qn('worker_id')} = %s, {qn('started_at')} = %s, {qn('heartbeat_at')} = %s, "
+        f"{qn('lease_expires_at')} = CAST(%s AS timestamp with time zone)"
+        f" + COALESCE(NULLIF(t.{qn('timeout')}, 0), %s) * INTERVAL '1 second', {qn('updated_at')} = %s "
+        f"FROM due WHERE t.{qn('id')} = due.{qn('id')} RETURNING {columns}"
+    )
+    params = [*where, limit, Status.PROCESSING.value, worker_id, at, at, at, default_timeout, at]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    out = []
+    for values in rows:
+        row = dict(zip((*CLAIM_COLUMNS, "order_time"), values, strict=True))
+        for name in _JSON_COLUMNS:
+            row[name] = json_from_db(row[name])
+        out.append(row)
+    out.sort(key=lambda row: (row["order_time"], row["id"]))  # RETURNING keeps no order
+    return out
+
+
 def mark_processing(
     table: str, ids: Sequence[int], worker_id: str, now: datetime, deadline: datetime, *, started: bool = True
 ) -> int:
@@ -643,8 +762,18 @@ def database_now(shift: float = 0.0) -> RawSQL:
     return RawSQL(now, params, output_field=DateTimeField())
 
 
-def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, guard: Guard = NO_GUARD) -> int:
+def update_attempts(
+    table: str,
+    rows: dict[int, dict[str, Any]],
+    token: int,
+    guard: Guard = NO_GUARD,
+    *,
+    unless_waited_for: bool = False,
+) -> int:
     """One UPDATE of many running attempts that share a fencing token; returns the rows changed.
+
+    `unless_waited_for` leaves out the rows of tasks that other tasks wait for (an open dependency
+    edge, read by the statement itself): a write that changes every row needs no release step.
 
     Columns equal across the rows are set once, the others through `CASE id`. Only rows still
     `processing` under `token` (and matching `guard`) change, so a late report changes nothing.
@@ -667,7 +796,7 @@ def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, gua
         else:
             values = [rows[i][name] for i in ids]
             first = values[0]
-            if all(same_value(v, first) for v in values):
+            if _constant(values):
                 value_sql, value_params = mark, [convert(first)]
             else:
                 value_sql = f"CASE {qn('id')} {' '.join([f'WHEN %s THEN {mark}'] * len(ids))} END"
@@ -689,6 +818,12 @@ def update_attempts(table: str, rows: dict[int, dict[str, Any]], token: int, gua
     if guard.sql:
         where += f" AND ({guard.sql})"
         params.extend(guard.params)
+    if unless_waited_for:
+        edges = qn(TaskDependency._meta.db_table)
+        where += (
+            f" AND NOT EXISTS (SELECT 1 FROM {edges} WHERE {edges}.{qn('outcome')} = ''"
+            f" AND {edges}.{qn('depends_on_id')} = {qn(table)}.{qn('id')})"
+        )
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {qn(table)} SET {', '.join(assignments)} WHERE {where}", params)
         return cursor.rowcount

@@ -30,6 +30,10 @@ _LONE_SURROGATE_ESCAPE = re.compile(
 )
 
 
+# json.dumps(value, allow_nan=False) builds an encoder per call; the same settings, built once.
+_ENCODER = json.JSONEncoder(allow_nan=False)
+
+
 def validate_task_type(task_type: object) -> str:
     if not isinstance(task_type, str) or not TASK_TYPE_RE.fullmatch(task_type):
         raise InvalidTask(
@@ -59,7 +63,7 @@ def json_text(name: str, value: Any) -> str:
     refuses the same values. Used for payloads, contexts, checkpoints and results.
     """
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidTask(f"{name} must be JSON-serialisable: {exc}") from None
     limit = get_settings().MAX_PAYLOAD_BYTES

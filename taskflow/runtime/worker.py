@@ -3,9 +3,10 @@
 `DatabaseConnector` is what the runtime needs of the database: claims (`claiming.claim_batch`, per
 task type on its own poll schedule, through the limiter), reports (`finishing.finish_attempts`,
 which also gives limiter slots back), a liveness beat on a thread of its own, wake-ups and stop
-notices (in-process, and through Redis when there is one). Each thread drops a database connection
-that can no longer serve before using it (`connections.drop_unusable`), so a database restart costs
-at most the attempts that were using it at the time.
+notices (in-process, and through Redis pub/sub or PostgreSQL LISTEN when there is one). Each
+thread drops a database connection that can no longer serve before using it
+(`connections.drop_unusable`), so a database restart costs at most the attempts that were using it
+at the time.
 """
 
 from __future__ import annotations
@@ -90,9 +91,8 @@ class DatabaseConnector:
         self._liveness.start()
         wakeup.add_local_listener(self._on_wakeup)
         wakeup.add_local_stop_listener(self._on_stop)
-        if self.limiter.uses_redis:
-            listener = wakeup.RedisListener(self._on_wakeup, worker._done, on_stop=self._on_stop)
-            self.loop("taskflow-wakeup", listener.listen, on_fatal=worker.give_up, stop=worker._done).start_thread()
+        # Redis pub/sub, PostgreSQL LISTEN or none; a listener that cannot go on stops the worker.
+        wakeup.start_listener(self._on_wakeup, worker._done, self._on_stop, on_fatal=worker.give_up)
 
     def loop(self, name: str, step: Step, *, on_fatal: Callable[[str], None], stop: threading.Event | None) -> Loop:
         return connections.supervised(name, step, on_fatal=on_fatal, stop=stop)
