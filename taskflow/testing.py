@@ -132,27 +132,15 @@ def _served(task_types: Iterable[str] | None) -> list[str]:
 
 def _claim(worker: Any, types: list[str], now: datetime) -> list[Any]:
     """Claim due tasks of these types as a worker's claim round does (paused types skipped, limits held)."""
-    from .engine.claiming import claim_batch
+    from .engine.claiming import claim_within_limit
     from .engine.configs import configs
 
     claimed = []
-    for task_type, cfg in sorted(configs.get_many(types).items()):
+    for _, cfg in sorted(configs.get_many(types).items()):
         if cfg.paused:
             continue
-        grant = worker.limiter.take(task_type, cfg.schedule_limit, cfg.concurrency_limit)
-        tasks = []
-        try:
-            tasks = claim_batch(
-                cfg,
-                grant.slots,
-                worker.worker_id,
-                host=worker.host,
-                exact_limit=worker.limiter.exact_db_limit(cfg.concurrency_limit),
-                now=now,
-            )
-        finally:
-            worker.limiter.confirm(grant, tasks)
-        claimed += tasks
+        limit = cfg.schedule_limit
+        claimed += claim_within_limit(cfg, limit, worker.worker_id, worker.limiter, host=worker.host, now=now)
     return claimed
 
 

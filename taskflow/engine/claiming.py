@@ -84,6 +84,28 @@ def claim_batch(
     return claimed
 
 
+def claim_within_limit(
+    cfg: ScheduleCfg,
+    wanted: int,
+    worker_id: str,
+    slots: limiter.Limiter,
+    *,
+    host: str = "",
+    now: datetime | None = None,
+) -> list[ClaimedTask]:
+    """Claim up to `wanted` tasks of a type under concurrency limits: take the limiter's slots, claim
+    (the database counting exactly where the limiter says so), then give back the slots not used."""
+    grant = slots.take(cfg.task_type, wanted, cfg.concurrency_limit)
+    tasks: list[ClaimedTask] = []
+    try:
+        tasks = claim_batch(
+            cfg, grant.slots, worker_id, host=host, exact_limit=slots.exact_db_limit(cfg.concurrency_limit), now=now
+        )
+    finally:
+        slots.confirm(grant, tasks)
+    return tasks
+
+
 def _claimed(
     row: dict[str, Any], cfg: ScheduleCfg, worker_id: str, now: datetime, *, counted: bool = False
 ) -> ClaimedTask:

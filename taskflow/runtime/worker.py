@@ -1,7 +1,7 @@
 """The local worker: the worker runtime (runner.py) over the database, through the engine.
 
-`DatabaseConnector` is what the runtime needs of the database: claims (`claiming.claim_batch`, per
-task type on its own poll schedule, through the limiter), reports (`finishing.finish_attempts`,
+`DatabaseConnector` is what the runtime needs of the database: claims (`claiming.claim_batch`, and
+`claim_within_limit` for limited types; per task type on its own poll schedule), reports (`finishing.finish_attempts`,
 which also gives limiter slots back), a liveness beat on a thread of its own, wake-ups and stop
 notices (in-process, and through Redis pub/sub or PostgreSQL LISTEN when there is one). Each
 thread drops a database connection that can no longer serve before using it
@@ -27,7 +27,7 @@ from django.utils import timezone
 from ..conf import get_settings
 from ..engine import registry, validation, wakeup
 from ..engine.attempts import ClaimedTask, DatabaseChannel, Outcome, Report, lost_attempts
-from ..engine.claiming import claim_batch, start_reserved
+from ..engine.claiming import claim_batch, claim_within_limit, start_reserved
 from ..engine.configs import configs
 from ..engine.finishing import finish_attempts
 from ..engine.limiter import Limiter
@@ -207,17 +207,7 @@ class DatabaseConnector:
             to_start = min(free, wanted)
             tasks: list[ClaimedTask] = []
             if limited:
-                grant = self.limiter.take(task_type, wanted, cfg.concurrency_limit)
-                try:
-                    tasks = claim_batch(
-                        cfg,
-                        grant.slots,
-                        self.worker_id,
-                        host=self.host,
-                        exact_limit=self.limiter.exact_db_limit(cfg.concurrency_limit),
-                    )
-                finally:
-                    self.limiter.confirm(grant, tasks)
+                tasks = claim_within_limit(cfg, wanted, self.worker_id, self.limiter, host=self.host)
             else:
                 tasks = claim_batch(cfg, to_start, self.worker_id, host=self.host, reserve=wanted - to_start)
                 reserved += tasks[to_start:]
