@@ -13,8 +13,8 @@ from django.test import Client
 from django.utils import timezone
 
 import taskflow
-from taskflow.admin import display, payload_search
-from taskflow.engine import stats, workers
+from taskflow.admin import display
+from taskflow.engine import payload_search, stats, workers
 from taskflow.engine.attempts import Outcome, Report
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs

@@ -19,7 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from ..engine import filtering, rolling
+from ..engine import filtering, payload_search, rolling
 from ..engine import progress as progress_rules
 from ..engine.configs import configs
 from ..engine.dependencies import neighbours
@@ -28,7 +28,7 @@ from ..engine.operations import revivals as revivals_of
 from ..engine.periodic import MANUAL_SUFFIX, schedule_of
 from ..engine.validation import MAX_BIGINT
 from ..models import Status, Task, TaskEvent
-from . import display, payload_search
+from . import display
 from .actions import OPERATE_PERMISSION, OPERATIONS, list_actions, operate_view
 from .filters import (
     CreatedRangeFilter,
@@ -169,7 +169,7 @@ class TaskAdmin(ReadOnlyAdmin):
         self, request: HttpRequest, queryset: QuerySet[Task], search_term: str
     ) -> tuple[QuerySet[Task], bool]:
         """Exact matches only, each answered by an index: id, key (the identity index), trace id, user id;
-        or a payload value within a bounded window (payload_search.py)."""
+        or a payload value within a bounded window (engine/payload_search.py)."""
         term = search_term.strip()
         if not term:
             return queryset, False
