@@ -144,6 +144,41 @@ def test_list_matches_what_the_console_lists_for_the_same_filter() -> None:
         assert [r["id"] for r in cli_json("list", *args)] == [t.pk for t in console], query
 
 
+def test_search_by_payload_value_as_the_console_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = scene(T)
+    scene(OTHER)
+    typed = taskflow.enqueue(T, {"n": 42})
+    quoted = taskflow.enqueue(T, {"n": "42"})
+    assert [r["id"] for r in cli_json("list", "--type", T, "--search", 'payload.n = "pending"')] == [ids["pending"]]
+    # The JSON type counts, as in the console: 42 is not "42".
+    assert [r["id"] for r in cli_json("list", "--search", "payload.n = 42")] == [typed.id]
+    assert [r["id"] for r in cli_json("list", "--search", 'payload.n = "42"')] == [quoted.id]
+    client = staff("pia", "view_task")
+    console = client.get("/admin/taskflow/task/", {"q": "payload.n = pending"}).context["cl"].result_list
+    assert [r["id"] for r in cli_json("list", "--search", "payload.n = pending")] == [t.pk for t in console]
+
+    # An operation selects by it too, and changes only what it matched.
+    status, out, _ = cli("terminate", "--search", "payload.n = delayed", "--type", T, "--reason", "by payload")
+    assert status == 0, out
+    assert Task.objects.get(pk=ids["delayed"]).status == Status.STOPPED
+    assert Task.objects.filter(task_type=OTHER, status=Status.STOPPED).count() == 1  # its own scene's only
+
+    # The bound is said on stderr, so --json stays one document.
+    monkeypatch.setattr("taskflow.engine.payload_search.SCAN_LIMIT", 2)
+    status, out, err = cli("list", "--search", "payload.n = pending", "--json")
+    assert (status, json.loads(out)) == (1, [])  # the pending task is older than the newest two
+    assert f"ids from {typed.id}" in err and "newest 2 tasks" in err  # the newest two: typed, quoted
+
+
+def test_a_malformed_payload_search_is_one_line_and_exit_2() -> None:
+    scene(T)
+    before = sorted(Task.objects.values_list("id", "status"))
+    for term in ("payload.n", "payload.a__b = 1", "payload. = 1", "payload.n = [1]"):
+        status, out, err = cli("terminate", "--search", term)
+        assert status == 2 and out == "" and "\n" not in err.strip() and "--search:" in err, (term, err)
+    assert sorted(Task.objects.values_list("id", "status")) == before
+
+
 def test_list_says_when_nothing_matches_with_status_1() -> None:
     scene(T)
     assert cli("list", "--status", "processing", "--type", OTHER)[0] == 2  # unknown type: OTHER has no config yet

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ..engine import filtering
+from ..engine import filtering, payload_search
 from ..engine.validation import MAX_BIGINT
 from ..exceptions import InvalidTask
 from ..models import Status, Task
@@ -93,7 +93,12 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--finished-from", type=moment, metavar="WHEN", help="(finished tasks only)")
     group.add_argument("--finished-to", type=moment, metavar="WHEN")
     group.add_argument("--worker", metavar="WORKER_ID", help="tasks this worker runs now")
-    group.add_argument("--search", metavar="TERM", help="as the console's search: exact id, key, trace id or user id")
+    group.add_argument(
+        "--search",
+        metavar="TERM",
+        help="as the console's search: exact id, key, trace id or user id, or payload.PATH = VALUE "
+        f"(among the newest {payload_search.SCAN_LIMIT:,} tasks matching the other filters)",
+    )
 
 
 @dataclass
@@ -113,15 +118,18 @@ class TaskFilter:
     finished_to: datetime | None = None
     worker: str | None = None
     search: str | None = None
+    # Set by queryset(): the id that bounded a payload search's scan (None: it read every match).
+    scan_bound: int | None = field(default=None, init=False)
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> TaskFilter:
-        given = {name: options.get(name) for name in cls.__dataclass_fields__ if options.get(name) is not None}
+        names = [f.name for f in fields(cls) if f.init]
+        given = {name: options.get(name) for name in names if options.get(name) is not None}
         return cls(**given)
 
     def filters_given(self) -> bool:
         """Whether anything narrows the selection besides ids."""
-        return any(getattr(self, name) not in (None, []) for name in self.__dataclass_fields__ if name != "ids")
+        return any(getattr(self, f.name) not in (None, []) for f in fields(self) if f.init and f.name != "ids")
 
     def queryset(self) -> QuerySet[Task]:
         """The tasks matching every option given (of the task table; rolled tasks are reached by id)."""
@@ -148,5 +156,12 @@ class TaskFilter:
         if self.worker:
             qs = filtering.running_on(qs, self.worker)
         if self.search:
-            qs = filtering.search(qs, self.search)
+            try:
+                by_payload = payload_search.parse(self.search.strip())
+            except payload_search.BadPayloadSearch as exc:
+                raise InvalidTask(f"--search: {exc}") from None
+            if by_payload is None:
+                qs = filtering.search(qs, self.search)
+            else:
+                qs, self.scan_bound = by_payload.apply(qs)
         return qs

@@ -21,7 +21,7 @@ from taskflow.cli.output import to_json
 from taskflow.cli.selection import TaskFilter, add_filter_arguments, integer, moment, task_id
 from taskflow.cli.supervisor import Child, Supervisor, manage_command
 from taskflow.conf import get_settings
-from taskflow.engine import registry
+from taskflow.engine import payload_search, registry
 from taskflow.exceptions import InvalidTask, UnknownTaskType
 from taskflow.models import Task
 from taskflow.runtime.django_tasks import select_task_types
@@ -163,9 +163,15 @@ class Command(BaseCommand):
         return OK
 
     def list(self, options: dict[str, Any]) -> int:
-        queryset = TaskFilter.from_options(options).queryset()
+        selection = TaskFilter.from_options(options)
+        queryset = selection.queryset()
         rows, more = reading.task_list(queryset, limit=options["limit"], order=options["order"])
         self.write(options, rows, reading.list_text(rows, more))
+        if selection.scan_bound is not None:  # on stderr: --json output stays one document
+            self.stderr.write(
+                f"the payload search read the newest {payload_search.SCAN_LIMIT:,} tasks matching the filters "
+                f"(ids from {selection.scan_bound}); filter by type and created time to search older ones"
+            )
         return OK if rows else PARTIAL
 
     def show(self, options: dict[str, Any]) -> int:
