@@ -215,3 +215,15 @@ def test_the_remote_worker_runs_async_handlers_at_once(live_server, run_log: Pat
     assert Task.objects.filter(pk__in=[t.pk for t in tasks], status=Status.SUCCESS, attempts=1).count() == 40
     assert (finished(failing).status, finished(failing).status_msg) == (Status.FAILED, "no point retrying")
     assert peak_overlap(run_log) >= 10
+
+
+def test_the_banner_shows_the_event_loop_s_capacity_when_async_handlers_are_served(caplog) -> None:
+    from taskflow.runtime.worker import Worker
+
+    caplog.set_level("INFO", logger="taskflow.worker")
+    Worker([SLEEP, "test.record"], concurrency=2, async_concurrency=50).connector.banner()
+    Worker(["test.record"], concurrency=3).connector.banner()
+    first, second = [r for r in caplog.records if " starting: " in r.getMessage()]
+    assert "concurrency 2, async 50, types test.async_sleep,test.record" in first.getMessage()
+    assert first.async_concurrency == 50
+    assert "concurrency 3, types test.record" in second.getMessage() and "async" not in second.getMessage()

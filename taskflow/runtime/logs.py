@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from ..engine import registry
 from ..engine.tasklog import NONE, TaskLogFilter
 
 TASKS_LOGGER = "taskflow.tasks"
@@ -196,7 +197,8 @@ def worker_banner(worker: Any) -> None:
     if not logging.getLogger("taskflow.worker").isEnabledFor(logging.INFO):
         return
     fields = {"worker_id": worker.worker_id, "database": database_in_use(), "redis": redis_in_use()}
-    fields.update(concurrency=worker.concurrency, burst=worker.burst, types=list(worker.task_types))
+    fields.update(concurrency=worker.concurrency, async_concurrency=worker.async_concurrency, burst=worker.burst)
+    fields.update(types=list(worker.task_types))
     _banner("taskflow.worker", f"worker {worker.worker_id}", fields, _serving(worker))
 
 
@@ -220,7 +222,8 @@ def remote_worker_banner(worker: Any) -> None:
     if not logging.getLogger("taskflow.remote").isEnabledFor(logging.INFO):
         return
     fields = {"api": redact_url(worker.client.root), "host": socket.gethostname(), "pid": os.getpid()}
-    fields.update(concurrency=worker.concurrency, burst=worker.burst, types=list(worker.task_types))
+    fields.update(concurrency=worker.concurrency, async_concurrency=worker.async_concurrency, burst=worker.burst)
+    fields.update(types=list(worker.task_types))
     # Its worker id is issued by the server at registration, and logged then.
     _banner(
         "taskflow.remote", "remote worker", fields, f"host {fields['host']} pid {fields['pid']}, {_serving(worker)}"
@@ -229,7 +232,10 @@ def remote_worker_banner(worker: Any) -> None:
 
 def _serving(worker: Any) -> str:
     burst = " (burst)" if worker.burst else ""
-    return f"concurrency {worker.concurrency}{burst}, types {','.join(worker.task_types)}"
+    # async def handlers run on an event loop with a capacity of their own, shown when any is served.
+    serves_async = any(registry.is_async(t) for t in worker.task_types)
+    capacity = f", async {worker.async_concurrency}" if serves_async else ""
+    return f"concurrency {worker.concurrency}{capacity}{burst}, types {','.join(worker.task_types)}"
 
 
 def _banner(logger: str, who: str, fields: dict[str, Any], rest: str) -> None:
