@@ -52,9 +52,9 @@ CATEGORIES: list[tuple[str, str, str]] = [
 
 # Threads of a worker process, recognised by a function on their stack.
 ROLES: list[tuple[str, str]] = [
-    ("claim loop (main thread)", "Worker._claim_step"),
-    ("reporter thread", "Worker._report_step"),
-    ("handler threads (all of them)", "Worker._handler_step"),
+    ("claim loop (main thread)", "Runner._claim_step"),
+    ("reporter thread", "Runner._report_step"),
+    ("handler threads (all of them)", "Runner._handler_step"),
     ("liveness thread", "LivenessBeat._beat_and_wait"),
     ("wake-up listener thread", "RedisListener.listen"),
 ]

@@ -177,3 +177,21 @@ def test_a_limited_type_claims_again_when_its_slots_free_not_at_its_next_poll(st
     start_worker(["test.record"], concurrency=4)
     for task in tasks:
         assert finished(task, timeout=30).status == Status.SUCCESS
+
+
+@pytest.mark.django_db
+def test_a_claim_starts_what_the_worker_would_start_right_after_it_and_reserves_the_rest() -> None:
+    ScheduleCfg.objects.update_or_create(task_type="test.record", defaults={"schedule_interval": 60.0})
+    configs.clear()
+    tasks = taskflow.enqueue_many([{"task_type": "test.record", "payload": {"n": i}} for i in range(10)])
+    worker = Worker(["test.record"], concurrency=1, burst=True)  # a burst worker looks at once
+    # One free thread, six ahead of it, of which the worker would start three at once (START_AHEAD).
+    worker.claim_starts_ahead = 3
+    claimed, reserved, _ = worker.connector._claim_round(1, 1, False, ahead=6)
+    assert [t.id for t in claimed] == [t.pk for t in tasks[:7]]  # in claim order
+    assert reserved == claimed[4:]
+    rows = Task.objects.in_bulk([t.id for t in claimed])
+    # Started by the claim itself (no start UPDATE to come): the thread's and the three ahead of it.
+    assert all(rows[t.id].started_at is not None for t in claimed[:4])
+    assert all(rows[t.id].started_at is None for t in reserved)
+    assert {(r.status, r.attempts, r.lease_token) for r in rows.values()} == {(Status.PROCESSING, 1, 1)}

@@ -72,12 +72,13 @@ def claim_batch(
         if not rows:
             return []
         claimed = [_claimed(row, cfg, worker_id, now) for row in rows]
-        by_deadline: dict[tuple[datetime, bool], list[int]] = defaultdict(list)
-        for n, task in enumerate(claimed):
-            by_deadline[(task.lease_expires_at, n < started)].append(task.id)
+        by_deadline: dict[datetime, list[int]] = defaultdict(list)
+        for task in claimed:
+            by_deadline[task.lease_expires_at].append(task.id)
+        reserved = {task.id for task in claimed[started:]}
         updated = sum(
-            sql.mark_processing(table, ids, worker_id, now, deadline, started=now_started)
-            for (deadline, now_started), ids in by_deadline.items()
+            sql.mark_processing(table, ids, worker_id, now, deadline, reserved=reserved.intersection(ids))
+            for deadline, ids in by_deadline.items()
         )
         if updated != len(claimed):
             raise ClaimConflict(f"claimed {len(claimed)} rows but updated {updated}")

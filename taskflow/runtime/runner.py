@@ -138,6 +138,9 @@ class Runner:
         self._waiting: deque[Job] = deque()  # started and queued for a thread, not yet taken (claim order)
         self._taken = 0  # attempts handler threads have taken, ever
         self._pace: deque[tuple[float, int]] = deque()  # (when, self._taken then), every PACE_SAMPLE seconds
+        # Of the `ahead` attempts of the claim under way, how many _dispatch would start right after it:
+        # a connector may start them in the claim itself instead of reserving them (one UPDATE less).
+        self.claim_starts_ahead = 0
 
         self._stopping = threading.Event()  # stop claiming; hand back what has not started
         self._done = threading.Event()  # every thread should exit
@@ -288,6 +291,7 @@ class Runner:
         else:
             room = max(0, self.concurrency - in_flight - len(self._buffer))
             ahead = max(0, self._ahead() - max(0, len(self._buffer) - (self.concurrency - in_flight)))
+        self.claim_starts_ahead = max(0, min(ahead, self._start_room(in_flight) - room))
         claim = self.connector.claim(room, ahead, self.concurrency, in_flight > 0, task_types=task_types)
         if claim.attempts:
             now = time.monotonic()
@@ -317,6 +321,13 @@ class Runner:
         if not self.prefetch:
             return 0
         return min(self.prefetch, int(self._pace_per_second(self.prefetch_wait / 4) * self.prefetch_wait / 4))
+
+    def _start_room(self, in_flight: int) -> int:
+        """How many more attempts _dispatch would start now, for idle threads and START_AHEAD beyond them."""
+        waiting = len(self._waiting)
+        idle = self.concurrency - (in_flight - waiting)
+        ahead = int(self._pace_per_second(START_AHEAD) * START_AHEAD) if self.prefetch else 0
+        return max(0, idle + ahead - waiting - len(self._buffer))
 
     def _sample_pace(self) -> None:
         now = time.monotonic()
@@ -351,8 +362,9 @@ class Runner:
         idle = self.concurrency - (self.in_flight - waiting)
         ahead = int(self._pace_per_second(START_AHEAD) * START_AHEAD) if self.prefetch else 0
         wanted = min(len(self._buffer), idle + ahead - waiting)
-        # Top the queue up by a worthwhile batch, unless threads would idle meanwhile.
-        if wanted <= 0 or (waiting >= idle and wanted < max(1, ahead // 2)):
+        # Top the queue up by a worthwhile batch of starts, unless threads would idle meanwhile; attempts
+        # the claim started already cost no UPDATE, and wait for none.
+        if wanted <= 0 or (waiting >= idle and wanted < max(1, ahead // 2) and self._buffer[0].reserved):
             return
         jobs = [self._buffer.popleft() for _ in range(wanted)]
         reserved = [j.attempt for j in jobs if j.reserved]
@@ -505,6 +517,7 @@ class Runner:
             return Claim([], time.monotonic() + 1.0)
         running = self.async_running
         room = 0 if self._reports_piled_up() else self.async_concurrency - running
+        self.claim_starts_ahead = 0
         claim = self.connector.claim(room, 0, self.async_concurrency, running > 0, task_types=task_types)
         if claim.attempts:
             self._start_async(claim.attempts)
