@@ -245,14 +245,12 @@ def _insert_row(plan: InsertPlan, task: Task, then: tuple[str, list[Any]] | None
     values = task.__dict__
     params = []
     left_out = 0  # a bit per column at the database's default: the statement's key
-    for bit, col in enumerate(plan.columns):
-        value = values[col.attname]
-        if col.is_default is not None and col.is_default(value):
-            left_out |= 1 << bit
-        elif col.attname == "payload":
-            params.append(_payload_getter(task))
+    for bit, name, is_default, adapt in plan.row_steps:
+        value = values[name]
+        if is_default is not None and is_default(value):
+            left_out |= bit
         else:
-            params.append(col.adapt(value))
+            params.append(_payload_getter(task) if name == "payload" else adapt(value))
     statement = plan.row_statements.get(left_out)
     if statement is None:
         statement = plan.row_statements[left_out] = plan.row_statement(left_out)
@@ -308,7 +306,7 @@ class InsertColumn:
     adapt: Adapter
     mark: str
     db_type: str  # for PostgreSQL's arrays (unnest)
-    is_default: Callable[[Any], bool] | None  # whether a value is the column's db_default (None: it has none)
+    is_default: Callable[[Any], bool] | None  # whether a value is what the database fills in (None: it fills none)
 
 
 @dataclass
@@ -318,6 +316,11 @@ class InsertPlan:
     table: str
     columns: list[InsertColumn]
     row_statements: dict[int, str] = field(default_factory=dict)
+    # What _insert_row reads per column, unpacked: its bit in the statement's key, name, tests.
+    row_steps: list[tuple[int, str, Callable[[Any], bool] | None, Adapter]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.row_steps = [(1 << i, c.attname, c.is_default, c.adapt) for i, c in enumerate(self.columns)]
 
     def row_statement(self, left_out: int) -> str:
         kept = [col for bit, col in enumerate(self.columns) if not left_out >> bit & 1]
@@ -340,11 +343,16 @@ def _insert_plan(vendor: str, time_zone: str | None, table: str) -> InsertPlan:
             adapt = _naive_text(zone)
         if f.attname == "payload":
             adapt = _as_is
-        is_default = _default_test(f, adapt) if f.has_db_default() else None
+        # A nullable column without a db_default defaults to NULL on every database.
+        is_default = _default_test(f, adapt) if f.has_db_default() else (_is_none if f.null else None)
         columns.append(
             InsertColumn(f.attname, quote(f.column), adapt, placeholder(f.name), f.db_type(connection), is_default)
         )
     return InsertPlan(quote(table), columns)
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
 
 
 def _default_test(model_field: Any, adapt: Adapter) -> Callable[[Any], bool]:
@@ -356,9 +364,11 @@ def _default_test(model_field: Any, adapt: Adapter) -> Callable[[Any], bool]:
         assert not json.loads(default), "only an empty JSON default can be recognised cheaply"
         return lambda value: type(value) is empty and not value
     stored = _text_to_db(default)
+    if isinstance(stored, str):
+        return lambda value: value == stored and isinstance(value, str)  # a TextChoices member is its value
     kind = type(stored)
-    # Types must match: True == 1 and 0.0 == 0, but the database may store them differently.
-    return lambda value: (type(value) is kind or (kind is str and isinstance(value, str))) and adapt(value) == stored
+    # Types must match: False == 0 and 0.0 == 0, but the database may store them differently.
+    return lambda value: value == stored and type(value) is kind
 
 
 def _naive_text(zone: tzinfo) -> Adapter:
