@@ -136,27 +136,56 @@ class Bench:
     # -- phase 1: single enqueue ---------------------------------------------------------------
 
     def single(self) -> None:
+
+        # The limits, measured in the same run (interleaved with the engine's runs): see RawInserts.
+        raw = database.RawInserts()
+        try:
+            self.single_runs(raw)
+        finally:
+            raw.drop()
+
+    def single_runs(self, raw: database.RawInserts) -> None:
         import taskflow
 
+        n = self.plan.single_n
+        narrow = self.metric("raw INSERT, narrow row", "rows/s")
+        task_row = self.metric("raw INSERT, task row", "rows/s")
+        plain = self.metric("single enqueue", "tasks/s", (">=", 3000))
+        to_narrow = self.metric("single enqueue / raw narrow", "ratio", (">=", 0.55))
+        to_task_row = self.metric("single enqueue / raw task row", "ratio")
         for keyed in (False, True):
             n = self.plan.keyed_n if keyed else self.plan.single_n
             label = "keyed single enqueue" if keyed else "single enqueue"
-            m = self.metric(label, "tasks/s", (">=", 2000) if keyed else (">=", 3000))
+            m = self.metric(label, "tasks/s", (">=", 2000)) if keyed else plain
             for run in range(self.plan.single_runs):
                 if self.out_of_time(f"{label} run {run + 1}"):
                     return
                 database.reset_tables()
-                started = time.perf_counter()
+                if not keyed:
+                    raw_rate = n / raw.narrow(n)
+                    task_row_rate = n / raw.task_row(n, first_id=run * n + 1)
+                    narrow.values.append(raw_rate)
+                    task_row.values.append(task_row_rate)
+                    print(f"  raw INSERT run {run + 1}: narrow row {raw_rate:,.0f}/s, task row {task_row_rate:,.0f}/s")
+                started, cpu = time.perf_counter(), time.process_time()
                 if keyed:
                     for i in range(n):
                         taskflow.enqueue(TASK_TYPE, {"i": i}, key=f"k{i}")
                 else:
                     for i in range(n):
                         taskflow.enqueue(TASK_TYPE, {"i": i})
-                elapsed = time.perf_counter() - started
+                elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
                 self.check_count(n, label)
                 m.values.append(n / elapsed)
-                print(f"  {label} run {run + 1}: {n} tasks in {elapsed:.2f}s = {n / elapsed:,.0f}/s", flush=True)
+                self.metric(f"... client CPU per {label}", "us").values.append(cpu / n * 1e6)
+                print(
+                    f"  {label} run {run + 1}: {n} tasks in {elapsed:.2f}s = {n / elapsed:,.0f}/s, "
+                    f"client CPU {cpu / n * 1e6:.0f} us/task",
+                    flush=True,
+                )
+                if not keyed:
+                    to_narrow.values.append(n / elapsed / raw_rate)
+                    to_task_row.values.append(n / elapsed / task_row_rate)
 
     # -- phase 2: bulk enqueue -----------------------------------------------------------------
 
@@ -174,13 +203,18 @@ class Bench:
             if self.out_of_time(f"bulk run {run + 1}"):
                 return
             database.reset_tables()
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             for batch in batches:
                 taskflow.enqueue_many(batch)
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
             self.check_count(total, "bulk enqueue")
             m.values.append(total / elapsed)
-            print(f"  bulk run {run + 1}: {total} tasks in {elapsed:.2f}s = {total / elapsed:,.0f}/s", flush=True)
+            self.metric("... client CPU per bulk task", "us").values.append(cpu / total * 1e6)
+            print(
+                f"  bulk run {run + 1}: {total} tasks in {elapsed:.2f}s = {total / elapsed:,.0f}/s, "
+                f"client CPU {cpu / total * 1e6:.1f} us/task",
+                flush=True,
+            )
 
     # -- phase 3: drain ------------------------------------------------------------------------
 
@@ -556,14 +590,21 @@ def _code_version() -> str:
     return f"{head.stdout.strip() or '?'}{' + uncommitted changes in taskflow/' if dirty.stdout.strip() else ''}"
 
 
+def _figure(value: float, decimals: int) -> str:
+    """A figure for the table: thousands separated, small ones (ratios) with two decimals."""
+    if value < 10:
+        return f"{value:.2f}"
+    return f"{value:,.{decimals}f}" if value >= 100 else f"{value:.1f}"
+
+
 def print_table(bench: Bench) -> None:
     print("\nresults (median of runs)")
     width = max(len(m.name) for m in bench.metrics.values()) if bench.metrics else 20
     print(f"  {'metric':<{width}}  {'median':>10}  {'unit':<7}  {'runs':<26}  target")
     for m in bench.metrics.values():
-        median = f"{m.median:,.1f}" if m.median is not None else "-"
-        runs = ", ".join(f"{v:,.0f}" if v >= 100 else f"{v:.1f}" for v in m.values)
-        target = f"{m.target[0]} {m.target[1]:,.0f}  {m.verdict()}" if m.target else ""
+        median = _figure(m.median, 1) if m.median is not None else "-"
+        runs = ", ".join(_figure(v, 0) for v in m.values)
+        target = f"{m.target[0]} {_figure(m.target[1], 0)}  {m.verdict()}" if m.target else ""
         print(f"  {m.name:<{width}}  {median:>10}  {m.unit:<7}  {runs:<26}  {target}")
     print(f"  load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if bench.notes:

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
 
 from .conf import get_settings, value_range
 from .engine import ids
@@ -37,28 +37,33 @@ SCHEDULE_LOG_SIZE = 6  # the last attempt plus the previous five
 class Task(models.Model):
     """One unit of asynchronous work; every state change is an UPDATE of this row."""
 
+    # A db_default beside a default: the columns a new task leaves at their default, which the
+    # enqueue INSERT leaves out for the database to fill (engine/sql.py). The ORM is unaffected.
+
     id = models.BigIntegerField(primary_key=True, default=ids.next_id, editable=False)
     task_type = models.CharField(max_length=100)
     # NULL when the producer gave no key: such tasks have no identity and never deduplicate.
     key = models.CharField(max_length=255, null=True, blank=True, db_column="task_key")
-    version = models.BigIntegerField(default=0)
+    version = models.BigIntegerField(default=0, db_default=0)
     # Set by the enqueue of a newer version while this one waits or runs; a running attempt's
     # retry, snooze or next stage then stops the task instead of queueing it again.
     superseded_by = models.BigIntegerField(null=True, blank=True, help_text="the newer version that replaced this one")
-    priority = models.SmallIntegerField(default=0, help_text="-100..100, higher runs first")
+    priority = models.SmallIntegerField(default=0, db_default=0, help_text="-100..100, higher runs first")
 
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
-    status_msg = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING, db_default=Status.PENDING)
+    status_msg = models.TextField(blank=True, default="", db_default="")
 
     payload = models.JSONField(default=dict, blank=True)
     result = models.JSONField(null=True, blank=True)
-    context = models.JSONField(default=dict, blank=True, help_text="working data carried between stages")
+    context = models.JSONField(
+        default=dict, db_default=Value("{}"), blank=True, help_text="working data carried between stages"
+    )
     checkpoint = models.JSONField(null=True, blank=True)
     # The running (or last) attempt's ctx.progress() with its lease token: engine/progress.py.
     progress = models.JSONField(null=True, blank=True)
-    stage = models.CharField(max_length=100, blank=True, default="")
+    stage = models.CharField(max_length=100, blank=True, default="", db_default="")
 
-    attempts = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0, db_default=0)
     # NULL means "use the task type's current ScheduleCfg value", so live config edits apply.
     max_retries = models.PositiveIntegerField(null=True, blank=True)
     timeout = models.PositiveIntegerField(null=True, blank=True, help_text="seconds per attempt")
@@ -68,22 +73,22 @@ class Task(models.Model):
     # priority runs first but an old low-priority task eventually overtakes a flood of new ones.
     order_time = models.DateTimeField()
 
-    worker_id = models.CharField(max_length=200, blank=True, default="")
+    worker_id = models.CharField(max_length=200, blank=True, default="", db_default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     # Fencing token: incremented whenever an attempt starts or is taken away, and required by
     # every report, so a late report from a lost attempt changes nothing.
-    lease_token = models.PositiveBigIntegerField(default=0)
+    lease_token = models.PositiveBigIntegerField(default=0, db_default=0)
 
     # Host affinity: a task with retry_same_host > 0 is retried on the host that first ran it, for
     # that many seconds after each failure, then anywhere (prefer_host/_until hold the current wish).
-    retry_same_host = models.PositiveIntegerField(default=0, help_text="seconds; 0 = any host")
-    prefer_host = models.CharField(max_length=200, blank=True, default="")
+    retry_same_host = models.PositiveIntegerField(default=0, db_default=0, help_text="seconds; 0 = any host")
+    prefer_host = models.CharField(max_length=200, blank=True, default="", db_default="")
     prefer_host_until = models.DateTimeField(null=True, blank=True)
 
     trace_id = models.CharField(max_length=32, blank=True, default="")
-    schedule_log = models.JSONField(default=list, blank=True)
-    user_id = models.CharField(max_length=64, blank=True, default="")
+    schedule_log = models.JSONField(default=list, db_default=Value("[]"), blank=True)
+    user_id = models.CharField(max_length=64, blank=True, default="", db_default="")
 
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()

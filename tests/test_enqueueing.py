@@ -151,6 +151,65 @@ def test_bulk_enqueue_stores_equal_but_differently_typed_values_exactly(values: 
             assert as_stored(task.payload) == as_stored(payload)
 
 
+def test_db_defaults_are_the_model_defaults() -> None:
+    # The INSERT leaves out a column whose value is its db_default: the database must then store
+    # exactly what the ORM would have sent.
+    with_db_default = [f for f in Task._meta.concrete_fields if f.has_db_default()]
+    assert {f.name for f in with_db_default} >= {"status", "context", "schedule_log", "attempts", "lease_token"}
+    for f in with_db_default:
+        db_default = getattr(f.db_default, "value", f.db_default)
+        python_default = f.get_default()
+        if f.get_internal_type() == "JSONField":
+            assert json.loads(db_default) == python_default and type(json.loads(db_default)) is type(python_default)
+        else:
+            assert sql._text_to_db(db_default) == sql._text_to_db(python_default), f.name
+
+
+def stored_row(pk: int) -> dict[str, Any]:
+    return {k: v for k, v in Task.objects.filter(pk=pk).values().get().items() if k not in ("id", "trace_id")}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("count", [1, 3])
+def test_columns_left_to_their_db_default_read_back_as_the_orm_writes_them(count: int) -> None:
+    now = timezone.now()
+    tasks = taskflow.enqueue_many([{"task_type": T, "payload": {"i": i}, "run_after": now} for i in range(count)])
+    for i, task in enumerate(tasks):
+        orm = Task.objects.create(
+            task_type=T,
+            payload={"i": i},
+            run_after=now,
+            order_time=now,
+            created_at=task.created_at,
+            updated_at=task.updated_at,
+        )
+        assert stored_row(task.pk) == stored_row(orm.pk)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("count", [1, 2])
+def test_values_beside_a_db_default_are_stored_as_given(count: int) -> None:
+    # Each differs from its column's default in type or by a hair: none may be left to the database.
+    options = {
+        "context": {"": 0},
+        "stage": " ",
+        "user_id": "0",
+        "priority": 1,
+        "version": 1,
+        "retry_same_host": 1,
+        "key": "k",  # a lone keyed request per type
+    }
+    for name, value in options.items():
+        requests = [{"task_type": f"{T}.{name}", "payload": {"i": i}, name: value} for i in range(count)]
+        if name == "version":
+            requests = [{**r, "key": f"v{i}"} for i, r in enumerate(requests)]
+        for task in taskflow.enqueue_many(requests):
+            row = Task.objects.get(pk=task.pk)
+            assert as_stored(getattr(row, name)) == as_stored(value), name
+    mixed = taskflow.enqueue_many([{"task_type": T, "payload": {}, "context": c} for c in ({}, {"a": 1}, {"": []}, {})])
+    assert [as_stored(Task.objects.get(pk=t.pk).context) for t in mixed] == ["{}", '{"a": 1}', '{"": []}', "{}"]
+
+
 # -- identity and versions -------------------------------------------------------------------------
 
 
