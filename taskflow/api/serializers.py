@@ -357,16 +357,23 @@ class HeldAttemptSerializer(HeldTaskSerializer):
     """
 
     attempt_key = serializers.SerializerMethodField(help_text="the holder's proof of this attempt (64 hex digits)")
+    reserved = serializers.SerializerMethodField(
+        help_text="claimed ahead and not started: start it (`tasks/start/`) before its handler runs, or release it"
+    )
 
     class Meta(HeldTaskSerializer.Meta):
-        fields = [*HeldTaskSerializer.Meta.fields, "attempt_key"]
+        fields = [*HeldTaskSerializer.Meta.fields, "attempt_key", "reserved"]
         read_only_fields = fields
 
     def get_attempt_key(self, task: Task) -> str:
         return remote.attempt_key(task.id, task.lease_token, self.context["worker_id"])
 
+    def get_reserved(self, task: Task) -> bool:
+        return task.started_at is None
+
     def to_representation(self, task: Task) -> dict[str, Any]:
-        return {**super().to_representation(task), "attempt_key": self.get_attempt_key(task)}
+        shown = super().to_representation(task)
+        return {**shown, "attempt_key": self.get_attempt_key(task), "reserved": task.started_at is None}
 
 
 class CreateTaskSerializer(StrictSerializer):
@@ -421,7 +428,19 @@ class WorkerCredentialSerializer(serializers.Serializer):
 
 class HoldSerializer(StrictSerializer):
     task_types = serializers.ListField(child=TaskTypeField(), min_length=1, max_length=remote.MAX_HOLD_TYPES)
-    limit = StrictInteger(min_value=1, max_value=remote.MAX_HOLD)
+    limit = StrictInteger(min_value=0, max_value=remote.MAX_HOLD, help_text="tasks to start now, at most")
+    reserve = StrictInteger(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=remote.MAX_HOLD,
+        help_text="tasks to claim ahead after them, at most: held unstarted until `tasks/start/` (limited types: none)",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not 1 <= attrs["limit"] + attrs["reserve"] <= remote.MAX_HOLD:
+            raise serializers.ValidationError({"limit": [f"limit and reserve must add up to 1 to {remote.MAX_HOLD}"]})
+        return attrs
 
 
 class HoldResponseSerializer(serializers.Serializer):

@@ -108,6 +108,7 @@ class Runner:
         prefetch: int = PREFETCH,
         prefetch_wait: float = PREFETCH_WAIT,
         async_concurrency: int = ASYNC_CONCURRENCY,
+        start_ahead: float = START_AHEAD,
     ) -> None:
         types = list(task_types) if task_types else registry.registered_types()
         for task_type in types:
@@ -134,6 +135,9 @@ class Runner:
         # back if it waits longer than `prefetch_wait` unstarted.
         self.prefetch = prefetch
         self.prefetch_wait = prefetch_wait
+        # Seconds of work started ahead of free threads (START_AHEAD): a connector whose start is a
+        # slower round trip (HTTP) starts more at a time, so threads do not wait for the next start.
+        self.start_ahead = min(start_ahead, prefetch_wait / 2)
         self._buffer: deque[Job] = deque()  # claimed, not yet given to a thread (claim order)
         self._waiting: deque[Job] = deque()  # started and queued for a thread, not yet taken (claim order)
         self._taken = 0  # attempts handler threads have taken, ever
@@ -324,7 +328,7 @@ class Runner:
             with self._lock:
                 self._pace.append((now, self._taken))
         # Keep one sample at or before the longest window asked about.
-        since = now - max(self.prefetch_wait / 4, START_AHEAD)
+        since = now - max(self.prefetch_wait / 4, self.start_ahead)
         while len(self._pace) > 1 and self._pace[1][0] <= since:
             self._pace.popleft()
 
@@ -340,7 +344,8 @@ class Runner:
         return (self._taken - then) / max(now - when, PACE_SAMPLE)
 
     def _dispatch(self) -> None:
-        """Start claimed attempts for free threads and START_AHEAD beyond them, in claim order, and queue them.
+        """Start claimed attempts for free threads and `start_ahead` seconds of work beyond them, in claim order,
+        and queue them.
 
         Reserved ones are started by the connector first, in one batch: with short handlers the threads
         then run a batch started by one UPDATE instead of one UPDATE per few free threads.
@@ -349,7 +354,7 @@ class Runner:
             self._waiting.popleft()
         waiting = len(self._waiting)
         idle = self.concurrency - (self.in_flight - waiting)
-        ahead = int(self._pace_per_second(START_AHEAD) * START_AHEAD) if self.prefetch else 0
+        ahead = int(self._pace_per_second(self.start_ahead) * self.start_ahead) if self.prefetch else 0
         wanted = min(len(self._buffer), idle + ahead - waiting)
         # Top the queue up by a worthwhile batch, unless threads would idle meanwhile.
         if wanted <= 0 or (waiting >= idle and wanted < max(1, ahead // 2)):
