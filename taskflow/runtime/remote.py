@@ -539,6 +539,7 @@ class RemoteWorker(Runner):
             prefetch_wait=prefetch_wait,
             async_concurrency=async_concurrency,
             start_ahead=REMOTE_START_AHEAD,
+            start_when_claimed=True,
         )
 
     @property

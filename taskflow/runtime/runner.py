@@ -109,6 +109,7 @@ class Runner:
         prefetch_wait: float = PREFETCH_WAIT,
         async_concurrency: int = ASYNC_CONCURRENCY,
         start_ahead: float = START_AHEAD,
+        start_when_claimed: bool = False,
     ) -> None:
         types = list(task_types) if task_types else registry.registered_types()
         for task_type in types:
@@ -138,6 +139,9 @@ class Runner:
         # Seconds of work started ahead of free threads (START_AHEAD): a connector whose start is a
         # slower round trip (HTTP) starts more at a time, so threads do not wait for the next start.
         self.start_ahead = min(start_ahead, prefetch_wait / 2)
+        # Whether a claim starts what the worker would start ahead next, rather than reserve it and start
+        # it apart: the remote worker's way, where a start is a round trip of its own.
+        self.start_when_claimed = start_when_claimed
         self._buffer: deque[Job] = deque()  # claimed, not yet given to a thread (claim order)
         self._waiting: deque[Job] = deque()  # started and queued for a thread, not yet taken (claim order)
         self._taken = 0  # attempts handler threads have taken, ever
@@ -292,6 +296,10 @@ class Runner:
         else:
             room = max(0, self.concurrency - in_flight - len(self._buffer))
             ahead = max(0, self._ahead() - max(0, len(self._buffer) - (self.concurrency - in_flight)))
+            if self.start_when_claimed and ahead:
+                # What _dispatch would start ahead next is started by the claim itself: no start of its own.
+                more = min(ahead, max(0, self._started_ahead() - max(0, len(self._buffer) - room)))
+                room, ahead = room + more, ahead - more
         claim = self.connector.claim(room, ahead, self.concurrency, in_flight > 0, task_types=task_types)
         if claim.attempts:
             now = time.monotonic()
@@ -321,6 +329,10 @@ class Runner:
         if not self.prefetch:
             return 0
         return min(self.prefetch, int(self._pace_per_second(self.prefetch_wait / 4) * self.prefetch_wait / 4))
+
+    def _started_ahead(self) -> int:
+        """How many attempts to start ahead of free threads: `start_ahead` seconds of work at the threads' pace."""
+        return int(self._pace_per_second(self.start_ahead) * self.start_ahead) if self.prefetch else 0
 
     def _sample_pace(self) -> None:
         now = time.monotonic()
@@ -354,7 +366,7 @@ class Runner:
             self._waiting.popleft()
         waiting = len(self._waiting)
         idle = self.concurrency - (self.in_flight - waiting)
-        ahead = int(self._pace_per_second(self.start_ahead) * self.start_ahead) if self.prefetch else 0
+        ahead = self._started_ahead()
         wanted = min(len(self._buffer), idle + ahead - waiting)
         # Top the queue up by a worthwhile batch, unless threads would idle meanwhile.
         if wanted <= 0 or (waiting >= idle and wanted < max(1, ahead // 2)):
