@@ -151,3 +151,40 @@ def test_hold_refuses_a_reserve_out_of_bounds() -> None:
         assert status == 400, (body, answer)
     with pytest.raises(taskflow.InvalidTask):
         remote.hold([T], 0, api.worker_id, reserve=0)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"status": "success", "result": {"a": [1, 2]}},
+        {"status": "success", "result": None, "cost_ms": 12},
+        {"status": "success", "result": "x", "cost_ms": -1},
+        {"status": "success", "result": 1, "cost_ms": True},
+        {"status": "success", "result": 1, "lease": "3"},
+        {"status": "success", "result": 1, "attempt_key": "A" * 64},
+        {"status": "success", "result": 1, "attempt_key": ""},
+        {"status": "success", "result": 1, "task_id": "0"},
+        {"status": "success", "result": 1, "task_id": 7},
+        {"status": "success"},
+        {"status": "success", "result": 1, "error": "x"},
+        {"status": "success", "result": "\ud800"},
+        {"status": "success", "result": float("nan")},
+        {"status": "failed", "error": "x"},
+    ],
+)
+def test_a_plain_success_report_is_validated_as_the_serializer_would(item: dict) -> None:
+    from rest_framework import serializers as drf
+
+    from taskflow.api.serializers import BatchSetItemSerializer, plain_success
+
+    full = {"task_id": "123", "lease": 3, "attempt_key": "a" * 64, **item}
+    fast = plain_success(full)
+    try:
+        slow = BatchSetItemSerializer().run_validation(full)
+    except drf.ValidationError:
+        slow = None
+    # What the fast path accepts, the serializer accepts with the same values; what it doubts, the serializer judges.
+    if fast is not None:
+        assert slow is not None and dict(slow) == fast, (fast, slow)
+    if item in ({"status": "success", "result": {"a": [1, 2]}}, {"status": "success", "result": None, "cost_ms": 12}):
+        assert fast is not None  # the shapes a remote worker sends take the fast path

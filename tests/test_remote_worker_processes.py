@@ -276,7 +276,7 @@ def test_a_killed_remote_workers_reserved_tasks_run_again_at_once_their_attempt_
     # stuck in, and tasks behind it, some of which it holds reserved (a long PREFETCH_WAIT keeps them).
     # Their pace (a nap of 50 ms each) starts few ahead of the thread (REMOTE_START_AHEAD of it) and holds many more.
     quick = {"task_type": "test.sleep", "payload": {"seconds": 0.01}, "priority": 10}
-    taskflow.enqueue_many([quick] * 60)
+    taskflow.enqueue_many([dict(quick) for _ in range(60)])
     slow = taskflow.enqueue("test.sleep", {"seconds": 600}, priority=5)
     behind = taskflow.enqueue_many([{"task_type": "test.sleep", "payload": {"seconds": 0}} for _ in range(300)])
     ids = [t.pk for t in behind]
