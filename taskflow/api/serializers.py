@@ -299,7 +299,7 @@ def time_text(value: datetime | None) -> str | None:
     """As DRF writes an aware datetime in UTC: ISO 8601 with a "Z"."""
     if value is None:
         return None
-    text = value.astimezone(UTC).isoformat()
+    text = (value if value.tzinfo is UTC else value.astimezone(UTC)).isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 

@@ -230,7 +230,7 @@ class HoldView(ApiView):
         worker_id = calling_worker(request)
         data = valid(s.HoldSerializer, request.data)
         claimed = remote.hold(data["task_types"], data["limit"], worker_id, reserve=data["reserve"])
-        rows = {row["id"]: row for row in Task.objects.filter(id__in=[c.id for c in claimed]).values(*HELD_STATE)}
+        rows = remote.held_rows(worker_id, [c.id for c in claimed], HELD_STATE)
         tasks = [held_task(c, rows[c.id]) for c in claimed if c.id in rows]
         return Response({"tasks": s.HeldAttemptSerializer(tasks, many=True, context={"worker_id": worker_id}).data})
 

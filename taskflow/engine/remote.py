@@ -246,6 +246,13 @@ def hold(task_types: Sequence[str], limit: int, worker_id: str, *, reserve: int 
     return held
 
 
+def held_rows(worker_id: str, ids: Sequence[int], columns: Sequence[str]) -> dict[int, dict[str, Any]]:
+    """By id, `columns` (with "id") of those of these tasks `worker_id` holds (processing for it), in one query."""
+    if not ids:
+        return {}
+    return {row["id"]: row for row in sql.select_held(sql.task_table(), list(ids), worker_id, columns)}
+
+
 def start(worker_id: str, helds: Sequence[Held]) -> list[Refused | None]:
     """Start these reserved attempts of `worker_id` (see `hold`); for each, None if it is held and now started,
     or why not.

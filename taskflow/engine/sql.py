@@ -565,6 +565,7 @@ def select_due(table: str, task_type: str, limit: int, host: str, now: datetime)
     return out
 
 
+_HELD_JSON_COLUMNS = {*_JSON_COLUMNS, "result"}
 _DATETIME_COLUMNS = {"run_after", "started_at", "lease_expires_at", "created_at", "updated_at", "finished_at"}
 
 
@@ -579,7 +580,7 @@ def select_held(table: str, ids: Sequence[int], worker_id: str, columns: Sequenc
         cursor.execute(head + ", ".join(["%s"] * len(ids)) + tail, [*ids, Status.PROCESSING.value, worker_id])
         rows = cursor.fetchall()
     to_datetime = datetime_from_db()
-    json_columns = _JSON_COLUMNS.intersection(columns)
+    json_columns = _HELD_JSON_COLUMNS.intersection(columns)
     datetime_columns = _DATETIME_COLUMNS.intersection(columns)
     out = []
     for values in rows:
