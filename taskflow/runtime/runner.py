@@ -298,7 +298,9 @@ class Runner:
             ahead = max(0, self._ahead() - max(0, len(self._buffer) - (self.concurrency - in_flight)))
             if self.start_when_claimed and ahead:
                 # What _dispatch would start ahead next is started by the claim itself: no start of its own.
-                more = min(ahead, max(0, self._started_ahead() - max(0, len(self._buffer) - room)))
+                # Less what is held beyond the threads already (queued for one, or claimed and buffered).
+                beyond = max(0, in_flight + len(self._buffer) - self.concurrency)
+                more = min(ahead, max(0, self._started_ahead() - beyond))
                 room, ahead = room + more, ahead - more
         claim = self.connector.claim(room, ahead, self.concurrency, in_flight > 0, task_types=task_types)
         if claim.attempts:
