@@ -22,7 +22,7 @@ from .exceptions import UnknownTaskType
 from .runtime import logs
 from .runtime.remote import RemoteWorker
 from .runtime.remote_client import AccessDenied, ApiClient, ApiError
-from .runtime.runner import ASYNC_CONCURRENCY, WorkerFailed
+from .runtime.runner import ASYNC_CONCURRENCY, PREFETCH, PREFETCH_WAIT, WorkerFailed
 
 
 def _positive_int(text: str) -> int:
@@ -65,7 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--types", default="", help="comma-separated task types (default: every registered one)")
     parser.add_argument("--concurrency", type=_positive_int, default=8, help="handler threads (default 8)")
     parser.add_argument(
-        "--prefetch", type=_non_negative_int, default=0, help="tasks held ahead of free threads, at most (0)"
+        "--prefetch",
+        type=_non_negative_int,
+        default=PREFETCH,
+        help=f"tasks claimed ahead of free threads, at most ({PREFETCH}); unstarted, they go back uncounted",
+    )
+    parser.add_argument(
+        "--prefetch-wait",
+        type=_seconds,
+        default=PREFETCH_WAIT,
+        help=f"seconds a task claimed ahead may wait for a thread before it is handed back ({PREFETCH_WAIT:g})",
     )
     parser.add_argument(
         "--async-concurrency",
@@ -114,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             beat_interval=args.beat_interval or 5.0,
             flush_timeout=args.flush_timeout,
             prefetch=args.prefetch,
+            prefetch_wait=args.prefetch_wait or PREFETCH_WAIT,
             async_concurrency=args.async_concurrency,
         )
     except (ValueError, UnknownTaskType) as exc:

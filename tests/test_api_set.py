@@ -95,7 +95,7 @@ def test_a_held_task_is_answered_as_get_shows_it_after_the_claim(worker: Api) ->
     [held] = hold(worker)
     status, shown = api_as("producer").get(f"/api/tasks/{task.id}/")
     assert status == 200
-    assert {k: v for k, v in held.items() if k not in ("lease", "lease_expires_at", "attempt_key")} == shown
+    assert {k: v for k, v in held.items() if k not in ("lease", "lease_expires_at", "attempt_key", "reserved")} == shown
     assert held["attempts"] == 2 and held["status"] == "processing" and held["max_retries"] == 4
     assert held["lease"] == row(held).lease_token
     assert held["lease_expires_at"] == HeldTaskSerializer(row(held)).data["lease_expires_at"]

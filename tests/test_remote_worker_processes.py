@@ -147,7 +147,7 @@ def test_two_remote_workers_drain_500_tasks_through_a_server_outage_each_ending_
         runs[run[0]].append(run)
     assert Counter(t.status for t in rows.values()) == Counter({Status.SUCCESS: 500})
     # Every attempt ran once and was reported once. Claims beyond the attempts (lease_token counts
-    # claims) are exactly the holds whose answer the outage swallowed, handed back by a beat unstarted.
+    # claims) are exactly the tasks handed back unstarted: by a beat (a hold whose answer was lost) or a worker.
     extra_claims = 0
     for n, task in enumerate(records):
         got = rows[task.pk]
@@ -167,6 +167,8 @@ def test_two_remote_workers_drain_500_tasks_through_a_server_outage_each_ending_
         extra_claims += got.lease_token - 2
     assert set(runs) == {str(i) for i in ids}
     handed_back = sum(int(n) for n in re.findall(r"the server handed back (\d+) task", logs))
+    # And the tasks claimed ahead that the workers handed back themselves, unstarted (waited too long, or at the stop).
+    handed_back += sum(int(n) for n in re.findall(r"handed back (\d+) unstarted task", logs))
     assert extra_claims == handed_back
     # Both workers took part.
     assert len({r[3] for rs in runs.values() for r in rs}) == 2
@@ -260,3 +262,75 @@ def test_attacks_by_a_hold_task_token_on_remote_and_local_workers_attempts_are_r
         proc.send_signal(signal.SIGTERM)
     assert remote_proc.wait(timeout=30) == 0, output(remote_proc)
     assert local_proc.wait(timeout=30) == 0
+
+
+def _reserved(ids: list[int]) -> set[int]:
+    """Those of these tasks claimed ahead and not started: processing, with no start time."""
+    rows = Task.objects.filter(pk__in=ids, status=Status.PROCESSING, started_at=None)
+    return set(rows.values_list("pk", flat=True))
+
+
+def test_a_killed_remote_workers_reserved_tasks_run_again_at_once_their_attempt_uncounted(
+    gunicorn: Gunicorn, start_remote, spawn, run_log: Path
+) -> None:
+    token = api_token("remote-worker", "hold_task")
+    # Quick tasks first, so the worker holds ahead at their pace; then a slow one its one thread is
+    # stuck in, and tasks behind it, some of which it holds reserved (a long PREFETCH_WAIT keeps them).
+    # Their pace (a nap of 50 ms each) starts few ahead of the thread (REMOTE_START_AHEAD of it) and holds many more.
+    quick = {"task_type": "test.sleep", "payload": {"seconds": 0.01}, "priority": 10}
+    taskflow.enqueue_many([dict(quick) for _ in range(60)])
+    slow = taskflow.enqueue("test.sleep", {"seconds": 600}, priority=5)
+    behind = taskflow.enqueue_many([{"task_type": "test.sleep", "payload": {"seconds": 0}} for _ in range(300)])
+    ids = [t.pk for t in behind]
+    options = ["--types", "test.sleep", "--concurrency", "1", "--prefetch-wait", "600", "--poll-interval", "0.2"]
+    doomed = start_remote(gunicorn.url, token, *options)
+    wait_until(lambda: any(r[0] == str(slow.pk) and r[2] == "start" for r in read_runs(run_log)), timeout=120)
+    wait_until(lambda: _reserved(ids), timeout=30)
+    time.sleep(0.5)  # past REMOTE_START_AHEAD of the thread's last pace: nothing more is started ahead
+    held = _reserved(ids)
+    started_ahead = set(Task.objects.filter(pk__in=ids, status=Status.PROCESSING).values_list("pk", flat=True)) - held
+    assert len(held) > len(started_ahead), output(doomed)
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait(timeout=10)
+    killed_at = time.monotonic()
+
+    spawn("taskwatch")
+    spawn("taskworker", "--types", "test.sleep", "--concurrency", "4")
+    wait_until(lambda: Task.objects.filter(pk__in=held, status=Status.SUCCESS).count() == len(held), timeout=60)
+    # At once when taskwatch sees the worker dead (LIVENESS_TIMEOUT 3 s), not after their lease.
+    assert time.monotonic() - killed_at < 30
+    # Handed back uncounted: each ran once, its one attempt counted once.
+    assert set(Task.objects.filter(pk__in=held, attempts=1).values_list("pk", flat=True)) == held
+    runs = Counter(r[0] for r in read_runs(run_log) if r[2] == "start")
+    assert all(runs[str(pk)] == 1 for pk in held)
+    # Those started ahead of the thread count an attempt, as a running one does, and are not lost either.
+    wait_until(lambda: Task.objects.filter(pk__in=started_ahead, status=Status.SUCCESS).count() == len(started_ahead))
+
+
+def test_a_limit_under_remote_claim_ahead_never_has_more_running_than_allowed(
+    gunicorn: Gunicorn, start_remote, run_log: Path
+) -> None:
+    from taskflow.engine.configs import configs
+    from taskflow.models import ScheduleCfg
+
+    token = api_token("remote-worker", "hold_task")
+    configs.get("test.sleep")
+    ScheduleCfg.objects.filter(pk="test.sleep").update(concurrency_limit=2)
+    configs.clear()
+    tasks = taskflow.enqueue_many([{"task_type": "test.sleep", "payload": {"seconds": 0.1}} for _ in range(40)])
+    options = ["--types", "test.sleep", "--concurrency", "4", "--burst", "--poll-interval", "0.2"]
+    workers = [start_remote(gunicorn.url, token, *options) for _ in range(3)]
+    for proc in workers:
+        assert proc.wait(timeout=120) == 0, output(proc)
+    assert Task.objects.filter(pk__in=[t.pk for t in tasks], attempts=1).count() == 40
+    # Nothing was reserved (every hold started its tasks), and at no moment did more than 2 run.
+    assert not Task.objects.filter(pk__in=[t.pk for t in tasks], lease_token__gt=1).exists()
+    spans: dict[str, list[float]] = defaultdict(list)
+    for task_id, _, _, _, at in read_runs(run_log):
+        spans[task_id].append(float(at))
+    events = sorted([(s[0], 1) for s in spans.values()] + [(s[-1], -1) for s in spans.values()])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert peak <= 2

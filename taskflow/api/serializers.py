@@ -8,6 +8,7 @@ before anything is written.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -298,7 +299,7 @@ def time_text(value: datetime | None) -> str | None:
     """As DRF writes an aware datetime in UTC: ISO 8601 with a "Z"."""
     if value is None:
         return None
-    text = value.astimezone(UTC).isoformat()
+    text = (value if value.tzinfo is UTC else value.astimezone(UTC)).isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
@@ -357,16 +358,23 @@ class HeldAttemptSerializer(HeldTaskSerializer):
     """
 
     attempt_key = serializers.SerializerMethodField(help_text="the holder's proof of this attempt (64 hex digits)")
+    reserved = serializers.SerializerMethodField(
+        help_text="claimed ahead and not started: start it (`tasks/start/`) before its handler runs, or release it"
+    )
 
     class Meta(HeldTaskSerializer.Meta):
-        fields = [*HeldTaskSerializer.Meta.fields, "attempt_key"]
+        fields = [*HeldTaskSerializer.Meta.fields, "attempt_key", "reserved"]
         read_only_fields = fields
 
     def get_attempt_key(self, task: Task) -> str:
         return remote.attempt_key(task.id, task.lease_token, self.context["worker_id"])
 
+    def get_reserved(self, task: Task) -> bool:
+        return task.started_at is None
+
     def to_representation(self, task: Task) -> dict[str, Any]:
-        return {**super().to_representation(task), "attempt_key": self.get_attempt_key(task)}
+        shown = super().to_representation(task)
+        return {**shown, "attempt_key": self.get_attempt_key(task), "reserved": task.started_at is None}
 
 
 class CreateTaskSerializer(StrictSerializer):
@@ -421,7 +429,19 @@ class WorkerCredentialSerializer(serializers.Serializer):
 
 class HoldSerializer(StrictSerializer):
     task_types = serializers.ListField(child=TaskTypeField(), min_length=1, max_length=remote.MAX_HOLD_TYPES)
-    limit = StrictInteger(min_value=1, max_value=remote.MAX_HOLD)
+    limit = StrictInteger(min_value=0, max_value=remote.MAX_HOLD, help_text="tasks to start now, at most")
+    reserve = StrictInteger(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=remote.MAX_HOLD,
+        help_text="tasks to claim ahead after them, at most: held unstarted until `tasks/start/` (limited types: none)",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not 1 <= attrs["limit"] + attrs["reserve"] <= remote.MAX_HOLD:
+            raise serializers.ValidationError({"limit": [f"limit and reserve must add up to 1 to {remote.MAX_HOLD}"]})
+        return attrs
 
 
 class HoldResponseSerializer(serializers.Serializer):
@@ -556,6 +576,39 @@ class BatchSetItemSerializer(SetSerializer):
         if "lease" not in attrs:
             raise serializers.ValidationError({"lease": ["a batched report carries the attempt's lease"]})
         return super().validate(attrs)
+
+
+_PLAIN_SUCCESS_FIELDS = frozenset({"task_id", "lease", "attempt_key", "status", "result", "cost_ms"})
+_HEX_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def plain_success(item: Any) -> dict[str, Any] | None:
+    """A batched success report, as BatchSetItemSerializer validates it, or None if it is anything else.
+
+    The shape nearly every report of a remote worker has, checked by the same rules without running a
+    serializer per item (which cost more than the rest of the report); any other item, or one these
+    checks doubt, goes through BatchSetItemSerializer and gets its answer and errors from it.
+    """
+    if type(item) is not dict or item.get("status") != "success" or "result" not in item:
+        return None
+    if not item.keys() <= _PLAIN_SUCCESS_FIELDS:
+        return None
+    task_id, lease, key = parse_task_id(item.get("task_id")), item.get("lease"), item.get("attempt_key")
+    cost = item.get("cost_ms", 0)
+    if task_id is None or type(lease) is not int or not 0 <= lease <= validation.MAX_BIGINT:
+        return None
+    if type(key) is not str or not _HEX_KEY.fullmatch(key):
+        return None
+    if type(cost) is not int or not 0 <= cost <= validation.MAX_INT:
+        return None
+    try:
+        validation.json_text("result", item["result"])  # the rule of JsonValue
+    except InvalidTask:
+        return None
+    data = {"task_id": task_id, "lease": lease, "attempt_key": key, "status": "success", "result": item["result"]}
+    if "cost_ms" in item:
+        data["cost_ms"] = cost
+    return {**data, "kind": "success"}
 
 
 class LeaseSerializer(StrictSerializer):

@@ -46,6 +46,7 @@ urlpatterns = [
     path("tasks/hold/", views.HoldView.as_view(), name="tasks-hold"),
     path("tasks/set/", views.BatchSetView.as_view(), name="tasks-set-batch"),
     path("tasks/heartbeat/", views.HeartbeatView.as_view(), name="tasks-heartbeat"),
+    path("tasks/start/", views.StartView.as_view(), name="tasks-start"),
     path("tasks/release/", views.ReleaseView.as_view(), name="tasks-release"),
     path("tasks/<str:task_id>/", views.TaskView.as_view(), name="task"),
     path("tasks/<str:task_id>/set/", views.TaskSetView.as_view(), name="task-set"),

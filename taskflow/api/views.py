@@ -225,11 +225,12 @@ class HoldView(ApiView):
         responses={200: s.HoldResponseSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        """Claim up to `limit` due tasks for the calling remote worker; each comes with its lease and attempt key."""
+        """Claim up to `limit` due tasks for the calling remote worker, and `reserve` more ahead; each comes with its
+        lease and attempt key. Reserved ones are started with `tasks/start/` as threads free up."""
         worker_id = calling_worker(request)
         data = valid(s.HoldSerializer, request.data)
-        claimed = remote.hold(data["task_types"], data["limit"], worker_id)
-        rows = {row["id"]: row for row in Task.objects.filter(id__in=[c.id for c in claimed]).values(*HELD_STATE)}
+        claimed = remote.hold(data["task_types"], data["limit"], worker_id, reserve=data["reserve"])
+        rows = remote.held_rows(worker_id, [c.id for c in claimed], HELD_STATE)
         tasks = [held_task(c, rows[c.id]) for c in claimed if c.id in rows]
         return Response({"tasks": s.HeldAttemptSerializer(tasks, many=True, context={"worker_id": worker_id}).data})
 
@@ -396,15 +397,20 @@ class BatchSetView(ApiView):
     def post(self, request: Request) -> Response:
         """Workers' reports: each the single set's fields plus `task_id`; a bad item is refused alone."""
         worker_id = calling_worker(request)
-        valid(ItemsSerializer, request.data)  # a malformed task_id or lease is the client's bug: all refused
-        items = request.data["items"]
+        body = request.data
+        items = body.get("items") if isinstance(body, dict) and body.keys() == {"items"} else None
+        # Success reports, nearly all of them, are checked without a serializer per item (s.plain_success).
+        plain = [s.plain_success(i) for i in items] if isinstance(items, list) and len(items) <= s.MAX_BATCH else []
+        if not plain or None in plain:
+            valid(ItemsSerializer, body)  # a malformed task_id or lease is the client's bug: all refused
+        items = body["items"]
         results: list[dict[str, Any] | None] = [None] * len(items)
         reports: list[tuple[int, remote.RemoteReport]] = []
         checkpoints: list[tuple[int, remote.Held, Any, Any]] = []
         item_checker = checker(s.BatchSetItemSerializer)
         for i, item in enumerate(items):
             try:
-                data = item_checker.run_validation(item)
+                data = (plain[i] if plain else None) or item_checker.run_validation(item)
             except drf.ValidationError as exc:
                 fields = flatten(exc.detail)
                 detail = "; ".join(f"{k}: {' '.join(v)}" for k, v in fields.items())
@@ -467,6 +473,28 @@ class HeartbeatView(ApiView):
             remote.beat(worker_id)
             answer["handed_back"] = remote.hand_back_unlisted(worker_id, helds)
         return Response(answer)
+
+
+class StartView(ApiView):
+    permission_classes = [perms.Needs.on(POST=perms.HOLD)]
+
+    @extend_schema(
+        operation_id="tasks_start",
+        parameters=WORKER_HEADERS,
+        request=s.LeaseBatchSerializer,
+        responses={200: s.BatchResponseSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        """Start reserved attempts (held with `reserve`) as the worker's threads take them; answers which it still
+        holds, now started (their deadlines stay those of the hold). One refused was taken away: do not run it."""
+        worker_id = calling_worker(request)
+        items = valid(s.LeaseBatchSerializer, request.data)["items"]
+        helds = [remote.Held(item["task_id"], item["lease"], item["attempt_key"]) for item in items]
+        results = [
+            applied(h.task_id) if why is None else refused(h.task_id, why)
+            for h, why in zip(helds, remote.start(worker_id, helds), strict=True)
+        ]
+        return Response({"results": results})
 
 
 class ReleaseView(ApiView):

@@ -8,6 +8,7 @@ runs first, yet a low-priority task is overtaken only by tasks enqueued less tha
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -133,19 +134,35 @@ def start_reserved(tasks: list[ClaimedTask], now: datetime | None = None) -> lis
     if not tasks:
         return []
     now = now or timezone.now()
-    table = sql.task_table()
-    by_token: dict[int, list[ClaimedTask]] = defaultdict(list)
+    by_worker: dict[str, list[ClaimedTask]] = defaultdict(list)
     for task in tasks:
-        by_token[task.lease_token].append(task)
+        by_worker[task.worker_id].append(task)
     started: list[ClaimedTask] = []
-    for token, group in by_token.items():
-        ids = [t.id for t in group]
-        if sql.mark_started(table, ids, token, now) == len(ids):
-            started += group
-        else:
-            # Some were taken away; or this is a retry after an outage hid a start that landed.
-            held = sql.ids_held(table, ids, token)
-            started += [t for t in group if t.id in held]
+    for worker_id, group in by_worker.items():
+        held = start_held(worker_id, [(t.id, t.lease_token) for t in group], now)
+        started += [t for t in group if (t.id, t.lease_token) in held]
     for task in started:
         task.claimed_at = now
     return started
+
+
+def start_held(
+    worker_id: str, attempts: Iterable[tuple[int, int]], now: datetime | None = None
+) -> set[tuple[int, int]]:
+    """Start the reserved attempts (task id, lease token) that `worker_id` holds; returns those held, now started.
+
+    One UPDATE per lease token (usually one), guarded by the token and the worker. One started
+    before is returned too: this may be a retry after an outage hid a start that landed.
+    """
+    now = now or timezone.now()
+    table = sql.task_table()
+    by_token: dict[int, list[int]] = defaultdict(list)
+    for task_id, token in attempts:
+        by_token[token].append(task_id)
+    held: set[tuple[int, int]] = set()
+    for token, ids in by_token.items():
+        if sql.mark_started(table, ids, token, worker_id, now) != len(ids):
+            # Some were taken away (handed back by a rescue, stopped by an operator), or started before.
+            ids = sql.ids_held(table, ids, token, worker_id)
+        held.update((task_id, token) for task_id in ids)
+    return held

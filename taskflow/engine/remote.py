@@ -32,6 +32,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
@@ -40,7 +41,7 @@ from ..exceptions import InvalidTask, LeaseLost, NextStage
 from ..models import Status, Task
 from . import sql, workers
 from .attempts import ClaimedTask, Outcome, Report, heartbeat
-from .claiming import claim_batch
+from .claiming import claim_batch, start_held
 from .configs import configs
 from .finishing import finish_attempts, handlers_returned
 from .limiter import Limiter
@@ -186,44 +187,88 @@ def _shared_limiter() -> Limiter:
         return _limiter
 
 
-def hold(task_types: Sequence[str], limit: int, worker_id: str) -> list[ClaimedTask]:
-    """Claim up to `limit` due tasks of these types for remote worker `worker_id`, as a local worker would.
+def hold(task_types: Sequence[str], limit: int, worker_id: str, *, reserve: int = 0) -> list[ClaimedTask]:
+    """Claim up to `limit` due tasks of these types for remote worker `worker_id`, as a local worker would,
+    and up to `reserve` more claimed ahead (reserved: their rows' `started_at` stays NULL).
 
     `worker_id` is the authenticated caller's. Paused types are skipped, and so are types without
     a ScheduleCfg row (never enqueued: nothing is due, and none is created for them); concurrency
     limits hold (the same limiter and claim as `taskworker`), each type gives at most its
     `schedule_limit` per call, and the worker is recorded as alive. Each attempt's key is
     `attempt_key(task.id, task.lease_token, worker_id)`.
+
+    Reserved attempts are claimed as a local worker claims ahead (claiming.claim_batch): held but not
+    started until the worker starts them (`start`), handed back uncounted if it dies first. Tasks of
+    a limited type are never reserved: a reserved task would hold a slot no handler uses.
     """
     worker_id = validate_worker_id(worker_id)
     types = _hold_types(task_types)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_HOLD:
-        raise InvalidTask(f"limit must be an integer from 1 to {MAX_HOLD}; got {limit!r}")
+    for name, value, least in (("limit", limit, 0), ("reserve", reserve, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_HOLD:
+            raise InvalidTask(f"{name} must be an integer from {least} to {MAX_HOLD}; got {value!r}")
+    if not 1 <= limit + reserve <= MAX_HOLD:
+        raise InvalidTask(f"limit and reserve must add up to 1 to {MAX_HOLD}; got {limit} + {reserve}")
     host = worker_host(worker_id)
     # Before claiming: an attempt whose worker has no liveness row is soon rescued.
-    _register(worker_id, types, limit)
+    _register(worker_id, types, limit + reserve)
     cfgs = configs.get_many(types, create=False)
     limiter = _shared_limiter()
+    limits_all = get_settings().GLOBAL_CONCURRENCY_LIMIT > 0
     types = [t for t in types if t in cfgs]
     random.shuffle(types)  # no type always goes first when the limit is small
     held: list[ClaimedTask] = []
+    reserved = 0
     for task_type in types:
         cfg = cfgs[task_type]
-        wanted = min(limit - len(held), cfg.schedule_limit)
-        if wanted <= 0:
-            break
         if cfg.paused:
             continue
-        grant = limiter.take(task_type, wanted, cfg.concurrency_limit)
-        claimed: list[ClaimedTask] = []
-        try:
-            claimed = claim_batch(
-                cfg, grant.slots, worker_id, host=host, exact_limit=limiter.exact_db_limit(cfg.concurrency_limit)
-            )
-        finally:
-            limiter.confirm(grant, claimed)
+        free = max(0, limit - (len(held) - reserved))
+        if limits_all or cfg.concurrency_limit > 0:
+            wanted = min(free, cfg.schedule_limit)
+            if wanted <= 0:
+                continue
+            grant = limiter.take(task_type, wanted, cfg.concurrency_limit)
+            claimed: list[ClaimedTask] = []
+            try:
+                claimed = claim_batch(
+                    cfg, grant.slots, worker_id, host=host, exact_limit=limiter.exact_db_limit(cfg.concurrency_limit)
+                )
+            finally:
+                limiter.confirm(grant, claimed)
+        else:
+            wanted = min(free + max(0, reserve - reserved), cfg.schedule_limit)
+            if wanted <= 0:
+                continue
+            to_start = min(free, wanted)
+            claimed = claim_batch(cfg, to_start, worker_id, host=host, reserve=wanted - to_start)
+            reserved += max(0, len(claimed) - to_start)
         held += claimed
     return held
+
+
+def held_rows(worker_id: str, ids: Sequence[int], columns: Sequence[str]) -> dict[int, dict[str, Any]]:
+    """By id, `columns` (with "id") of those of these tasks `worker_id` holds (processing for it), in one query."""
+    if not ids:
+        return {}
+    return {row["id"]: row for row in sql.select_held(sql.task_table(), list(ids), worker_id, columns)}
+
+
+def start(worker_id: str, helds: Sequence[Held]) -> list[Refused | None]:
+    """Start these reserved attempts of `worker_id` (see `hold`); for each, None if it is held and now started,
+    or why not.
+
+    The same guarded UPDATE as a local worker's start (claiming.start_reserved), also guarded by the
+    worker: an attempt is started only for the worker that holds it, and only if the caller proves
+    it with its key. One already started is answered as held (a retry whose first answer was lost).
+    """
+    proven = [proves(h, worker_id) for h in helds]
+    mine = [(h.task_id, h.lease) for h, ok in zip(helds, proven, strict=True) if ok]
+    started = start_held(worker_id, mine) if mine else set()
+    _register(worker_id)
+    return [
+        Refused.FORBIDDEN if not ok else (None if (h.task_id, h.lease) in started else Refused.LEASE_LOST)
+        for h, ok in zip(helds, proven, strict=True)
+    ]
 
 
 def proves(held: Held, worker_id: str) -> bool:
@@ -311,7 +356,9 @@ def hand_back_unlisted(worker_id: str, listed: Iterable[Held], *, grace: float =
     worker_id = validate_worker_id(worker_id)
     listed = {h for h in listed if proves(h, worker_id)}
     cutoff = timezone.now() - timedelta(seconds=grace)
-    rows = Task.objects.filter(status=Status.PROCESSING, worker_id=worker_id, started_at__lt=cutoff)
+    # A reserved attempt (claimed ahead, not started) has no start time: its claim time is its first heartbeat_at.
+    claimed_before = Q(started_at__lt=cutoff) | Q(started_at__isnull=True, heartbeat_at__lt=cutoff)
+    rows = Task.objects.filter(claimed_before, status=Status.PROCESSING, worker_id=worker_id)
     unknown = [
         Held(i, token, attempt_key(i, token, worker_id))
         for i, token in rows.values_list("id", "lease_token")

@@ -639,6 +639,7 @@ def select_due(table: str, task_type: str, limit: int, host: str, now: datetime)
     return out
 
 
+_HELD_JSON_COLUMNS = {*_JSON_COLUMNS, "result"}
 _DATETIME_COLUMNS = {"run_after", "started_at", "lease_expires_at", "created_at", "updated_at", "finished_at"}
 
 
@@ -653,7 +654,7 @@ def select_held(table: str, ids: Sequence[int], worker_id: str, columns: Sequenc
         cursor.execute(head + ", ".join(["%s"] * len(ids)) + tail, [*ids, Status.PROCESSING.value, worker_id])
         rows = cursor.fetchall()
     to_datetime = datetime_from_db()
-    json_columns = _JSON_COLUMNS.intersection(columns)
+    json_columns = _HELD_JSON_COLUMNS.intersection(columns)
     datetime_columns = _DATETIME_COLUMNS.intersection(columns)
     out = []
     for values in rows:
@@ -756,32 +757,32 @@ def mark_processing(
         return cursor.rowcount
 
 
-def mark_started(table: str, ids: Sequence[int], token: int, now: datetime) -> int:
-    """Start the reserved attempts (`started_at` NULL) of these tasks still held under `token`."""
+def mark_started(table: str, ids: Sequence[int], token: int, worker_id: str, now: datetime) -> int:
+    """Start the reserved attempts (`started_at` NULL) of these tasks still held by `worker_id` under `token`."""
     qn = quote
     sql = (
         f"UPDATE {qn(table)} SET {qn('started_at')} = %s "
         f"WHERE {qn('id')} IN ({id_list(ids)}) AND {qn('status')} = %s AND {qn('lease_token')} = %s "
-        f"AND {qn('started_at')} IS NULL"
+        f"AND {qn('worker_id')} = %s AND {qn('started_at')} IS NULL"
     )
-    params = [connection.ops.adapt_datetimefield_value(now), Status.PROCESSING.value, token]
+    params = [connection.ops.adapt_datetimefield_value(now), Status.PROCESSING.value, token, worker_id]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
 
 
-def ids_held(table: str, ids: Sequence[int], token: int) -> set[int]:
-    """Which of these tasks are still processing under `token` (held by the attempt that token names)."""
+def ids_held(table: str, ids: Sequence[int], token: int, worker_id: str) -> list[int]:
+    """Which of these tasks `worker_id` still holds under `token` (processing, held by the attempt it names)."""
     qn = quote
     marks = ", ".join(["%s"] * len(ids))
     sql = (
         f"SELECT {qn('id')} FROM {qn(table)} WHERE {qn('id')} IN ({marks}) AND {qn('status')} = %s "
-        f"AND {qn('lease_token')} = %s"
+        f"AND {qn('lease_token')} = %s AND {qn('worker_id')} = %s"
     )
-    params = [*ids, Status.PROCESSING.value, token]
+    params = [*ids, Status.PROCESSING.value, token, worker_id]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return {row[0] for row in cursor.fetchall()}
+        return [row[0] for row in cursor.fetchall()]
 
 
 # -- reports ---------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from ..exceptions import InvalidTask, LeaseLost
 from . import logs
 from .connector import ChannelFailed, Claim, Settle
 from .remote_client import AccessDenied, ApiClient, ApiError, Rejected, Unreachable
-from .runner import ASYNC_CONCURRENCY, Runner
+from .runner import ASYNC_CONCURRENCY, PREFETCH, PREFETCH_WAIT, Runner
 from .supervision import Loop, Step
 
 log = logging.getLogger("taskflow.remote")
@@ -51,6 +51,10 @@ FIRST_BACKOFF = 0.5
 MAX_HOLD = 1000  # the API's largest hold
 REPORT_BATCH = 500  # items per report request
 REPORT_BATCH_BYTES = 4 * 1024 * 1024  # well under the server's default MAX_REQUEST_BYTES (8 MiB)
+# Seconds of work started ahead of free threads (the local worker's START_AHEAD is 0.05): a start is
+# an HTTP round trip, and threads must not run dry while the claim loop waits for a hold or a start.
+# A worker that dies loses those attempts as failed ones (they started); reserved ones go back uncounted.
+REMOTE_START_AHEAD = 0.2
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -93,6 +97,7 @@ class RemoteAttempt:
     # does not say; and the local monotonic clock's reading of the deadline (immune to clock skew).
     lease_seconds: float
     local_deadline: float
+    reserved: bool = False  # claimed ahead, not started: HttpConnector.start starts it as a thread takes it
     stop_requested: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @classmethod
@@ -120,6 +125,7 @@ class RemoteAttempt:
             lease_expires_at=expires,
             lease_seconds=seconds,
             local_deadline=asked_at + seconds,
+            reserved=task.get("reserved") is True,
         )
 
     @property
@@ -321,15 +327,15 @@ class HttpConnector:
     # -- holding -------------------------------------------------------------------------------
 
     def claim(self, room: int, ahead: int, capacity: int, busy: bool, task_types: list[str] | None = None) -> Claim:
-        """Hold as many due tasks as there is room for, ahead too: a hold starts its attempts (it counts them)."""
-        room += ahead
+        """Hold as many due tasks as there is room for, and `ahead` more reserved (started by `start`)."""
         now = time.monotonic()
         # Woken early when a thread frees up, or on a stop; never past a beat.
         next_look = now + min(self.poll_interval, max(0.05, self._last_beat + self.beat_interval - now))
         # While work runs, wait for a worthwhile batch of free threads instead of many small holds.
-        if room <= 0 or (busy and room < max(1, capacity // 4)):
+        if room + ahead <= 0 or (busy and room + ahead < max(1, capacity // 4)):
             return Claim([], next_look)
         limit = min(room, MAX_HOLD)
+        reserve = min(ahead, MAX_HOLD - limit)
         worker = self.worker
         try:
             if self.client.credential is None:
@@ -337,14 +343,27 @@ class HttpConnector:
                 worker_id = self.client.register(host_name(), os.getpid(), worker.task_types, concurrency)
                 log.info("registered as remote worker %s", worker_id)
             asked_at = time.monotonic()
-            tasks, server_now = self.client.hold(worker.task_types if task_types is None else task_types, limit)
+            types = worker.task_types if task_types is None else task_types
+            tasks, server_now = self.client.hold(types, limit, reserve)
         except ApiError as exc:
             raise self._failed(exc) from None
         attempts = [RemoteAttempt.from_json(task, asked_at, server_now) for task in tasks]
-        return Claim(attempts, now if len(attempts) == limit else next_look)
+        full = len(attempts) == limit + reserve
+        return Claim(attempts, now if full else next_look, [a for a in attempts if a.reserved])
 
     def start(self, reserved: list[RemoteAttempt]) -> list[RemoteAttempt]:
-        return reserved  # never reserved: a hold starts its attempts
+        """Start reserved attempts (`POST tasks/start/`); those refused were taken away meanwhile."""
+        started: list[RemoteAttempt] = []
+        try:
+            for first in range(0, len(reserved), REPORT_BATCH):
+                batch = reserved[first : first + REPORT_BATCH]
+                results = self.client.batch("tasks/start/", [a.fence for a in batch])
+                started += [a for a, result in zip(batch, results, strict=True) if result.get("outcome") == "applied"]
+        except ApiError as exc:
+            raise self._failed(exc) from None
+        for attempt in started:
+            attempt.reserved = False
+        return started
 
     # -- liveness ------------------------------------------------------------------------------
 
@@ -499,11 +518,13 @@ class RemoteWorker(Runner):
         beat_interval: float = 5.0,
         flush_timeout: float = 60.0,
         max_stuck: int | None = None,
-        prefetch: int = 0,
+        prefetch: int = PREFETCH,
+        prefetch_wait: float = PREFETCH_WAIT,
         async_concurrency: int = ASYNC_CONCURRENCY,
     ) -> None:
-        """`prefetch`: tasks held ahead of free threads (0 by default: a hold counts its attempts, so a
-        remote worker that dies would have them rescued as failed attempts, not handed back)."""
+        """`prefetch`: tasks claimed ahead of free threads, at most, reserved as a local worker's are (not
+        started: a worker that dies has them handed back uncounted); each waits `prefetch_wait` seconds
+        for a thread at most, then goes back to pending."""
         self.client = client
         self.connector: HttpConnector = HttpConnector(client, poll_interval=poll_interval, beat_interval=beat_interval)
         super().__init__(
@@ -515,7 +536,10 @@ class RemoteWorker(Runner):
             max_stuck=max_stuck,
             flush_timeout=flush_timeout,
             prefetch=prefetch,
+            prefetch_wait=prefetch_wait,
             async_concurrency=async_concurrency,
+            start_ahead=REMOTE_START_AHEAD,
+            start_when_claimed=True,
         )
 
     @property

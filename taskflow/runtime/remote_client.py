@@ -105,8 +105,11 @@ class ApiClient:
         self.credential = (worker_id, key)
         return worker_id
 
-    def hold(self, task_types: list[str], limit: int) -> tuple[list[dict[str, Any]], datetime | None]:
-        answer, clock = self.post("tasks/hold/", {"task_types": task_types, "limit": limit})
+    def hold(self, task_types: list[str], limit: int, reserve: int = 0) -> tuple[list[dict[str, Any]], datetime | None]:
+        body: dict[str, Any] = {"task_types": task_types, "limit": limit}
+        if reserve:
+            body["reserve"] = reserve
+        answer, clock = self.post("tasks/hold/", body)
         return answer["tasks"], clock
 
     def batch(self, path: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -108,6 +108,8 @@ class Runner:
         prefetch: int = PREFETCH,
         prefetch_wait: float = PREFETCH_WAIT,
         async_concurrency: int = ASYNC_CONCURRENCY,
+        start_ahead: float = START_AHEAD,
+        start_when_claimed: bool = False,
     ) -> None:
         types = list(task_types) if task_types else registry.registered_types()
         for task_type in types:
@@ -134,6 +136,12 @@ class Runner:
         # back if it waits longer than `prefetch_wait` unstarted.
         self.prefetch = prefetch
         self.prefetch_wait = prefetch_wait
+        # Seconds of work started ahead of free threads (START_AHEAD): a connector whose start is a
+        # slower round trip (HTTP) starts more at a time, so threads do not wait for the next start.
+        self.start_ahead = min(start_ahead, prefetch_wait / 2)
+        # Whether a claim starts what the worker would start ahead next, rather than reserve it and start
+        # it apart: the remote worker's way, where a start is a round trip of its own.
+        self.start_when_claimed = start_when_claimed
         self._buffer: deque[Job] = deque()  # claimed, not yet given to a thread (claim order)
         self._waiting: deque[Job] = deque()  # started and queued for a thread, not yet taken (claim order)
         self._taken = 0  # attempts handler threads have taken, ever
@@ -291,7 +299,12 @@ class Runner:
         else:
             room = max(0, self.concurrency - in_flight - len(self._buffer))
             ahead = max(0, self._ahead() - max(0, len(self._buffer) - (self.concurrency - in_flight)))
-        self.claim_starts_ahead = max(0, min(ahead, self._start_room(in_flight) - room))
+        # Of `ahead`, what _dispatch would start right after this claim: a claim may start those at once.
+        starts = max(0, min(ahead, self._start_room(in_flight) - room))
+        self.claim_starts_ahead = 0 if self.start_when_claimed else starts
+        if self.start_when_claimed:
+            # The remote worker's way: the claim starts them as it starts those for free threads.
+            room, ahead = room + starts, ahead - starts
         claim = self.connector.claim(room, ahead, self.concurrency, in_flight > 0, task_types=task_types)
         if claim.attempts:
             now = time.monotonic()
@@ -323,11 +336,14 @@ class Runner:
         return min(self.prefetch, int(self._pace_per_second(self.prefetch_wait / 4) * self.prefetch_wait / 4))
 
     def _start_room(self, in_flight: int) -> int:
-        """How many more attempts _dispatch would start now, for idle threads and START_AHEAD beyond them."""
+        """How many more attempts _dispatch would start now, for idle threads and `start_ahead` beyond them."""
         waiting = len(self._waiting)
         idle = self.concurrency - (in_flight - waiting)
-        ahead = int(self._pace_per_second(START_AHEAD) * START_AHEAD) if self.prefetch else 0
-        return max(0, idle + ahead - waiting - len(self._buffer))
+        return max(0, idle + self._started_ahead() - waiting - len(self._buffer))
+
+    def _started_ahead(self) -> int:
+        """How many attempts to start ahead of free threads: `start_ahead` seconds of work at the threads' pace."""
+        return int(self._pace_per_second(self.start_ahead) * self.start_ahead) if self.prefetch else 0
 
     def _sample_pace(self) -> None:
         now = time.monotonic()
@@ -335,7 +351,7 @@ class Runner:
             with self._lock:
                 self._pace.append((now, self._taken))
         # Keep one sample at or before the longest window asked about.
-        since = now - max(self.prefetch_wait / 4, START_AHEAD)
+        since = now - max(self.prefetch_wait / 4, self.start_ahead)
         while len(self._pace) > 1 and self._pace[1][0] <= since:
             self._pace.popleft()
 
@@ -351,7 +367,8 @@ class Runner:
         return (self._taken - then) / max(now - when, PACE_SAMPLE)
 
     def _dispatch(self) -> None:
-        """Start claimed attempts for free threads and START_AHEAD beyond them, in claim order, and queue them.
+        """Start claimed attempts for free threads and `start_ahead` seconds of work beyond them, in claim order,
+        and queue them.
 
         Reserved ones are started by the connector first, in one batch: with short handlers the threads
         then run a batch started by one UPDATE instead of one UPDATE per few free threads.
@@ -360,7 +377,7 @@ class Runner:
             self._waiting.popleft()
         waiting = len(self._waiting)
         idle = self.concurrency - (self.in_flight - waiting)
-        ahead = int(self._pace_per_second(START_AHEAD) * START_AHEAD) if self.prefetch else 0
+        ahead = self._started_ahead()
         wanted = min(len(self._buffer), idle + ahead - waiting)
         # Top the queue up by a worthwhile batch of starts, unless threads would idle meanwhile; attempts
         # the claim started already cost no UPDATE, and wait for none.
