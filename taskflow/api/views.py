@@ -475,6 +475,19 @@ class HeartbeatView(ApiView):
         return Response(answer)
 
 
+def each_held(request: Request, operation: Callable[[str, list[remote.Held]], list[Any]]) -> Response:
+    """Apply an engine operation to the attempts a worker names (task, lease, attempt key): each applied or
+    refused with why, for the calling worker only."""
+    worker_id = calling_worker(request)
+    items = valid(s.LeaseBatchSerializer, request.data)["items"]
+    helds = [remote.Held(item["task_id"], item["lease"], item["attempt_key"]) for item in items]
+    results = [
+        applied(h.task_id) if why is None else refused(h.task_id, why)
+        for h, why in zip(helds, operation(worker_id, helds), strict=True)
+    ]
+    return Response({"results": results})
+
+
 class StartView(ApiView):
     permission_classes = [perms.Needs.on(POST=perms.HOLD)]
 
@@ -487,14 +500,7 @@ class StartView(ApiView):
     def post(self, request: Request) -> Response:
         """Start reserved attempts (held with `reserve`) as the worker's threads take them; answers which it still
         holds, now started (their deadlines stay those of the hold). One refused was taken away: do not run it."""
-        worker_id = calling_worker(request)
-        items = valid(s.LeaseBatchSerializer, request.data)["items"]
-        helds = [remote.Held(item["task_id"], item["lease"], item["attempt_key"]) for item in items]
-        results = [
-            applied(h.task_id) if why is None else refused(h.task_id, why)
-            for h, why in zip(helds, remote.start(worker_id, helds), strict=True)
-        ]
-        return Response({"results": results})
+        return each_held(request, remote.start)
 
 
 class ReleaseView(ApiView):
@@ -508,14 +514,7 @@ class ReleaseView(ApiView):
     )
     def post(self, request: Request) -> Response:
         """Hand claimed-but-unstarted tasks back to pending without using an attempt."""
-        worker_id = calling_worker(request)
-        items = valid(s.LeaseBatchSerializer, request.data)["items"]
-        helds = [remote.Held(item["task_id"], item["lease"], item["attempt_key"]) for item in items]
-        results = [
-            applied(h.task_id) if why is None else refused(h.task_id, why)
-            for h, why in zip(helds, remote.release(worker_id, helds), strict=True)
-        ]
-        return Response({"results": results})
+        return each_held(request, remote.release)
 
 
 # -- schedule configs and stats --------------------------------------------------------------------------
