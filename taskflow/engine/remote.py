@@ -41,7 +41,7 @@ from ..exceptions import InvalidTask, LeaseLost, NextStage
 from ..models import Status, Task
 from . import sql, workers
 from .attempts import ClaimedTask, Outcome, Report, heartbeat
-from .claiming import claim_batch, start_held
+from .claiming import claim_batch, claim_within_limit, start_held
 from .configs import configs
 from .finishing import finish_attempts, handlers_returned
 from .limiter import Limiter
@@ -227,14 +227,7 @@ def hold(task_types: Sequence[str], limit: int, worker_id: str, *, reserve: int 
             wanted = min(free, cfg.schedule_limit)
             if wanted <= 0:
                 continue
-            grant = limiter.take(task_type, wanted, cfg.concurrency_limit)
-            claimed: list[ClaimedTask] = []
-            try:
-                claimed = claim_batch(
-                    cfg, grant.slots, worker_id, host=host, exact_limit=limiter.exact_db_limit(cfg.concurrency_limit)
-                )
-            finally:
-                limiter.confirm(grant, claimed)
+            claimed = claim_within_limit(cfg, wanted, worker_id, limiter, host=host)
         else:
             wanted = min(free + max(0, reserve - reserved), cfg.schedule_limit)
             if wanted <= 0:
