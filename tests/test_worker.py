@@ -186,8 +186,7 @@ def test_a_claim_starts_what_the_worker_would_start_right_after_it_and_reserves_
     tasks = taskflow.enqueue_many([{"task_type": "test.record", "payload": {"n": i}} for i in range(10)])
     worker = Worker(["test.record"], concurrency=1, burst=True)  # a burst worker looks at once
     # One free thread, six ahead of it, of which the worker would start three at once (START_AHEAD).
-    worker.claim_starts_ahead = 3
-    claimed, reserved, _ = worker.connector._claim_round(1, 1, False, ahead=6)
+    claimed, reserved, _ = worker.connector._claim_round(1, 1, False, ahead=6, start_ahead=3)
     assert [t.id for t in claimed] == [t.pk for t in tasks[:7]]  # in claim order
     assert reserved == claimed[4:]
     rows = Task.objects.in_bulk([t.id for t in claimed])

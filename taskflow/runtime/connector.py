@@ -67,13 +67,22 @@ class Connector(Protocol):
     def halt(self) -> None:
         """Stop beating at once (any thread): the worker is failing, its attempts will be rescued."""
 
-    def claim(self, room: int, ahead: int, capacity: int, busy: bool, task_types: list[str] | None = None) -> Claim:
+    def claim(
+        self,
+        room: int,
+        ahead: int,
+        capacity: int,
+        busy: bool,
+        task_types: list[str] | None = None,
+        start_ahead: int = 0,
+    ) -> Claim:
         """Claim up to `room` due attempts for free threads and `ahead` more to run after them.
 
         `capacity`: the most the worker runs at once; `busy`: some run now. Attempts claimed ahead
         may be reserved (not started: a worker that dies hands them back uncounted). `task_types`:
         those of the worker's types to claim for (None: all; async handlers' types have a capacity
-        of their own, so the runtime claims for them apart).
+        of their own, so the runtime claims for them apart). `start_ahead`: how many of `ahead` the
+        worker would start right after the claim; the claim may start those instead of reserving them.
         """
 
     def start(self, reserved: list[Any]) -> list[Any]:

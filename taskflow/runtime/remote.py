@@ -326,16 +326,25 @@ class HttpConnector:
 
     # -- holding -------------------------------------------------------------------------------
 
-    def claim(self, room: int, ahead: int, capacity: int, busy: bool, task_types: list[str] | None = None) -> Claim:
-        """Hold as many due tasks as there is room for, and `ahead` more reserved (started by `start`)."""
+    def claim(
+        self,
+        room: int,
+        ahead: int,
+        capacity: int,
+        busy: bool,
+        task_types: list[str] | None = None,
+        start_ahead: int = 0,
+    ) -> Claim:
+        """Hold as many due tasks as there is room for, and `ahead` more: those the worker would start next
+        (`start_ahead`) started by the hold, a start being a round trip of its own; the rest reserved."""
         now = time.monotonic()
         # Woken early when a thread frees up, or on a stop; never past a beat.
         next_look = now + min(self.poll_interval, max(0.05, self._last_beat + self.beat_interval - now))
         # While work runs, wait for a worthwhile batch of free threads instead of many small holds.
         if room + ahead <= 0 or (busy and room + ahead < max(1, capacity // 4)):
             return Claim([], next_look)
-        limit = min(room, MAX_HOLD)
-        reserve = min(ahead, MAX_HOLD - limit)
+        limit = min(room + start_ahead, MAX_HOLD)
+        reserve = min(ahead - start_ahead, MAX_HOLD - limit)
         worker = self.worker
         try:
             if self.client.credential is None:
@@ -539,7 +548,6 @@ class RemoteWorker(Runner):
             prefetch_wait=prefetch_wait,
             async_concurrency=async_concurrency,
             start_ahead=REMOTE_START_AHEAD,
-            start_when_claimed=True,
         )
 
     @property

@@ -109,7 +109,6 @@ class Runner:
         prefetch_wait: float = PREFETCH_WAIT,
         async_concurrency: int = ASYNC_CONCURRENCY,
         start_ahead: float = START_AHEAD,
-        start_when_claimed: bool = False,
     ) -> None:
         types = list(task_types) if task_types else registry.registered_types()
         for task_type in types:
@@ -139,16 +138,10 @@ class Runner:
         # Seconds of work started ahead of free threads (START_AHEAD): a connector whose start is a
         # slower round trip (HTTP) starts more at a time, so threads do not wait for the next start.
         self.start_ahead = min(start_ahead, prefetch_wait / 2)
-        # Whether a claim starts what the worker would start ahead next, rather than reserve it and start
-        # it apart: the remote worker's way, where a start is a round trip of its own.
-        self.start_when_claimed = start_when_claimed
         self._buffer: deque[Job] = deque()  # claimed, not yet given to a thread (claim order)
         self._waiting: deque[Job] = deque()  # started and queued for a thread, not yet taken (claim order)
         self._taken = 0  # attempts handler threads have taken, ever
         self._pace: deque[tuple[float, int]] = deque()  # (when, self._taken then), every PACE_SAMPLE seconds
-        # Of the `ahead` attempts of the claim under way, how many _dispatch would start right after it:
-        # a connector may start them in the claim itself instead of reserving them (one UPDATE less).
-        self.claim_starts_ahead = 0
 
         self._stopping = threading.Event()  # stop claiming; hand back what has not started
         self._done = threading.Event()  # every thread should exit
@@ -299,13 +292,12 @@ class Runner:
         else:
             room = max(0, self.concurrency - in_flight - len(self._buffer))
             ahead = max(0, self._ahead() - max(0, len(self._buffer) - (self.concurrency - in_flight)))
-        # Of `ahead`, what _dispatch would start right after this claim: a claim may start those at once.
-        starts = max(0, min(ahead, self._start_room(in_flight) - room))
-        self.claim_starts_ahead = 0 if self.start_when_claimed else starts
-        if self.start_when_claimed:
-            # The remote worker's way: the claim starts them as it starts those for free threads.
-            room, ahead = room + starts, ahead - starts
-        claim = self.connector.claim(room, ahead, self.concurrency, in_flight > 0, task_types=task_types)
+        # Of `ahead`, what _dispatch would start right after this claim: the claim may start those at once
+        # instead of reserving them (no start of their own).
+        start_ahead = max(0, min(ahead, self._start_room(in_flight) - room))
+        claim = self.connector.claim(
+            room, ahead, self.concurrency, in_flight > 0, task_types=task_types, start_ahead=start_ahead
+        )
         if claim.attempts:
             now = time.monotonic()
             reserved = {id(a) for a in claim.reserved}
@@ -534,7 +526,6 @@ class Runner:
             return Claim([], time.monotonic() + 1.0)
         running = self.async_running
         room = 0 if self._reports_piled_up() else self.async_concurrency - running
-        self.claim_starts_ahead = 0
         claim = self.connector.claim(room, 0, self.async_concurrency, running > 0, task_types=task_types)
         if claim.attempts:
             self._start_async(claim.attempts)

@@ -132,9 +132,17 @@ class DatabaseConnector:
 
     # -- claiming ------------------------------------------------------------------------------
 
-    def claim(self, room: int, ahead: int, capacity: int, busy: bool, task_types: list[str] | None = None) -> Claim:
+    def claim(
+        self,
+        room: int,
+        ahead: int,
+        capacity: int,
+        busy: bool,
+        task_types: list[str] | None = None,
+        start_ahead: int = 0,
+    ) -> Claim:
         self._add_new_types()
-        tasks, reserved, soonest = self._claim_round(room, capacity, busy, ahead, task_types)
+        tasks, reserved, soonest = self._claim_round(room, capacity, busy, ahead, task_types, start_ahead)
         return Claim(tasks, soonest, reserved)
 
     def start(self, reserved: list[ClaimedTask]) -> list[ClaimedTask]:
@@ -160,14 +168,20 @@ class DatabaseConnector:
             log.info("worker %s now also serves %s", self.worker_id, ",".join(new))
 
     def _claim_round(
-        self, room: int, capacity: int, busy: bool, ahead: int = 0, task_types: list[str] | None = None
+        self,
+        room: int,
+        capacity: int,
+        busy: bool,
+        ahead: int = 0,
+        task_types: list[str] | None = None,
+        start_ahead: int = 0,
     ) -> tuple[list[ClaimedTask], list[ClaimedTask], float]:
         """Claim for every type that is due; returns what was claimed, what of it is reserved, and when next to look.
 
         Tasks of a limited type are never claimed ahead: a reserved task would hold a slot of its
         limit while no handler runs it, and slots are what limited types are short of. Of the others,
-        as many as the worker would start right after the claim (`claim_starts_ahead`, START_AHEAD of
-        work at its threads' pace) are started by the claim itself, saving the start UPDATE.
+        as many as the worker would start right after the claim (`start_ahead`, START_AHEAD of work
+        at its threads' pace) are started by the claim itself, saving the start UPDATE.
         """
         task_types = self.worker.task_types if task_types is None else task_types
         cfgs = configs.get_many(task_types)
@@ -176,7 +190,7 @@ class DatabaseConnector:
         claimed: list[ClaimedTask] = []
         reserved: list[ClaimedTask] = []
         used_room = 0  # attempts started for free threads
-        starts_ahead = max(0, self.worker.claim_starts_ahead)
+        starts_ahead = max(0, start_ahead)
         started_ahead = 0  # attempts of `ahead` started rather than reserved
         soonest = now + 1.0
         with self._lock:
