@@ -78,6 +78,16 @@ def read_runs(path: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines() if line.strip()]
 
 
+def peak_overlap(run_log: Path) -> int:
+    """The most handlers running at one instant, by the run log's start and end lines."""
+    events = sorted((float(r[4]), 1 if r[2] == "start" else -1) for r in read_runs(run_log) if r[2] in ("start", "end"))
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
 @pytest.fixture
 def process_env(transactional_db, run_log: Path) -> dict[str, str]:  # noqa: ANN001
     """Environment for child processes: same test database, Redis and handlers as this test."""

@@ -15,7 +15,7 @@ from taskflow.engine.configs import configs
 from taskflow.engine.progress import shown
 from taskflow.exceptions import AttemptTimedOut, class_path
 from taskflow.models import ScheduleCfg, Status, Task
-from tests.conftest import read_runs, wait_until
+from tests.conftest import peak_overlap, read_runs, wait_until
 
 SLEEP = "test.async_sleep"
 CONTROL = "test.async_control"
@@ -28,16 +28,6 @@ def finished(task: Task, timeout: float = 60.0) -> Task:
 
 def logged(run_log: Path, task: Task, what: str) -> list[list[str]]:
     return [r for r in read_runs(run_log) if r[0] == str(task.pk) and r[2] == what]
-
-
-def peak_overlap(run_log: Path) -> int:
-    """The most handlers running at one instant, by the run log's start and end lines."""
-    events = sorted((float(r[4]), 1 if r[2] == "start" else -1) for r in read_runs(run_log) if r[2] in ("start", "end"))
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 def set_policy(task_type: str, **fields: Any) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import taskflow
 from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task
 
-from .conftest import read_runs, wait_until
+from .conftest import peak_overlap, read_runs, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -155,12 +154,4 @@ def test_a_limit_under_claim_ahead_never_has_more_running_than_allowed(spawn, ru
     assert Task.objects.filter(pk__in=[t.pk for t in tasks], status=Status.SUCCESS, attempts=1).count() == 40
     # Nothing was claimed ahead (every claim started its tasks), and at no moment did more than 2 run.
     assert not Task.objects.filter(pk__in=[t.pk for t in tasks], lease_token__gt=1).exists()
-    spans: dict[str, list[float]] = defaultdict(list)
-    for task_id, _, _, _, at in read_runs(run_log):
-        spans[task_id].append(float(at))
-    events = sorted([(s[0], 1) for s in spans.values()] + [(s[-1], -1) for s in spans.values()])
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    assert peak <= 2
+    assert peak_overlap(run_log) <= 2

@@ -22,7 +22,7 @@ from django.utils import timezone
 import taskflow
 from taskflow.models import Status, Task
 
-from .conftest import REPO, read_runs, wait_until
+from .conftest import REPO, peak_overlap, read_runs, wait_until
 from .remote_support import api_token, free_port, require_liveness_beat
 
 pytestmark = pytest.mark.processes
@@ -325,12 +325,4 @@ def test_a_limit_under_remote_claim_ahead_never_has_more_running_than_allowed(
     assert Task.objects.filter(pk__in=[t.pk for t in tasks], attempts=1).count() == 40
     # Nothing was reserved (every hold started its tasks), and at no moment did more than 2 run.
     assert not Task.objects.filter(pk__in=[t.pk for t in tasks], lease_token__gt=1).exists()
-    spans: dict[str, list[float]] = defaultdict(list)
-    for task_id, _, _, _, at in read_runs(run_log):
-        spans[task_id].append(float(at))
-    events = sorted([(s[0], 1) for s in spans.values()] + [(s[-1], -1) for s in spans.values()])
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    assert peak <= 2
+    assert peak_overlap(run_log) <= 2
