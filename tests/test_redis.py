@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
@@ -124,3 +125,31 @@ def test_two_deployments_share_no_wakeups(redis_client, deployment: Deployment) 
     finally:
         stop.set()
         listener.join(timeout=10)
+
+
+@pytest.mark.django_db
+def test_a_wakeup_survives_its_publisher_connection_being_killed(redis_client) -> None:  # noqa: ANN001
+    """The publisher keeps one connection; when Redis drops it, the next wake-up goes out on a new one, not lost."""
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(wakeup.channel())
+    wait_until(lambda: redis_client.pubsub_numsub(wakeup.channel())[0][1] == 1, timeout=10)
+
+    def next_message() -> str:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=0.2)
+            if message is not None:
+                return message["data"].decode()
+        raise AssertionError("no wake-up arrived within 10s")
+
+    try:
+        wakeup.publish({"t.first"})
+        assert next_message() == "t.first"
+        # Redis drops the publisher's connection (as a restart or an idle timeout would).
+        held = [c for c in redis_client.client_list() if c["name"] == wakeup.publisher_name()]
+        assert len(held) == 1
+        redis_client.client_kill_filter(_id=held[0]["id"])
+        wakeup.publish({"t.after-kill"})
+        assert next_message() == "t.after-kill"
+    finally:
+        pubsub.close()

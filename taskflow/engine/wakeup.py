@@ -119,6 +119,7 @@ class _Publisher:
         self._ready.set()
 
     def _run(self) -> None:
+        held = _HeldConnection()
         while True:
             self._ready.wait()
             self._ready.clear()
@@ -127,7 +128,7 @@ class _Publisher:
             if not types:
                 continue
             try:
-                get_redis().publish(channel(), ",".join(sorted(types)))
+                held.command(get_redis(), "PUBLISH", channel(), ",".join(sorted(types)))
             except RedisError as exc:  # polling covers a missed wake-up
                 log.warning("wake-up publish failed: %s", exc)
             except Exception:
@@ -135,6 +136,53 @@ class _Publisher:
             # Under a stream of enqueues, what arrives in the next moment goes out as one message;
             # an isolated enqueue is published at once, so this adds latency only under load.
             time.sleep(MERGE_WINDOW)
+
+
+def publisher_name() -> str:
+    """The Redis client name of this process's wake-up publisher connection."""
+    return f"taskflow-wakeups-{os.getpid()}"
+
+
+class _HeldConnection:
+    """One Redis connection kept by a thread that sends one command at a time, skipping the client's per-call work.
+
+    redis-py's `client.publish` takes a connection from the pool and gives it back on every call:
+    about 140 µs of CPU, against 50 µs for the command on a held connection, and the publisher sends
+    one for every few enqueues under a stream. A held connection that fails (Redis restarted, the
+    connection killed while idle) is replaced and the command sent once more on the new one.
+    """
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+        self._connection: Any = None
+
+    def command(self, client: Any, *args: Any) -> Any:
+        while True:
+            fresh = self._connection is None or client.connection_pool is not self._pool
+            if fresh:  # first use, after a failure, or the deployment's client changed (settings in tests)
+                self.drop()
+                self._pool = client.connection_pool
+                self._connection = self._pool.get_connection()
+                # Named, so CLIENT LIST tells which process's publisher it is.
+                self._connection.send_command("CLIENT", "SETNAME", publisher_name())
+                self._connection.read_response()
+            try:
+                self._connection.send_command(*args)
+                return self._connection.read_response()
+            except RedisError:
+                self.drop()
+                if fresh:
+                    raise
+            except BaseException:
+                self.drop()
+                raise
+
+    def drop(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):  # it may be broken already; it is let go either way
+                self._connection.disconnect()
+                self._pool.release(self._connection)
+        self._pool = self._connection = None
 
 
 _publisher = _Publisher()
