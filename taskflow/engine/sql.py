@@ -610,21 +610,12 @@ _JSON_COLUMNS = {"payload", "context", "checkpoint", "schedule_log"}
 
 def select_due(table: str, task_type: str, limit: int, host: str, now: datetime) -> list[dict[str, Any]]:
     """Lock and read up to `limit` due pending tasks of a type, in scheduling order (skipping locked rows)."""
-    qn = quote
-    columns = ", ".join(column(name) for name in CLAIM_COLUMNS)
     at = connection.ops.adapt_datetimefield_value(now)
-    hosts = f"{qn('prefer_host')} = '' OR {qn('prefer_host_until')} <= %s"
     params: list[Any] = [Status.PENDING.value, task_type, at, at]
     if host:
-        hosts += f" OR {qn('prefer_host')} = %s"
         params.append(host)
-    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
-    sql = (
-        f"SELECT {columns} FROM {qn(table)} "
-        f"WHERE {qn('status')} = %s AND {qn('task_type')} = %s AND {qn('run_after')} <= %s AND ({hosts}) "
-        f"ORDER BY {qn('order_time')} LIMIT %s{lock}"
-    )
     params.append(limit)
+    sql = _select_due_sql(connection.vendor, table, bool(host), connection.features.has_select_for_update_skip_locked)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -637,6 +628,22 @@ def select_due(table: str, task_type: str, limit: int, host: str, now: datetime)
         row["run_after"] = to_datetime(row["run_after"])
         out.append(row)
     return out
+
+
+@cache
+def _select_due_sql(vendor: str, table: str, with_host: bool, skip_locked: bool) -> str:
+    """select_due's statement, built once per shape: a claim runs it many times a second."""
+    qn = quote
+    columns = ", ".join(column(name) for name in CLAIM_COLUMNS)
+    hosts = f"{qn('prefer_host')} = '' OR {qn('prefer_host_until')} <= %s"
+    if with_host:
+        hosts += f" OR {qn('prefer_host')} = %s"
+    lock = " FOR UPDATE SKIP LOCKED" if skip_locked else ""
+    return (
+        f"SELECT {columns} FROM {qn(table)} "
+        f"WHERE {qn('status')} = %s AND {qn('task_type')} = %s AND {qn('run_after')} <= %s AND ({hosts}) "
+        f"ORDER BY {qn('order_time')} LIMIT %s{lock}"
+    )
 
 
 _HELD_JSON_COLUMNS = {*_JSON_COLUMNS, "result"}
@@ -735,26 +742,36 @@ def mark_processing(
     Those also in `reserved` (claimed ahead) keep `started_at` NULL until mark_started; one statement
     either way, so a claim that starts some and reserves others is still one UPDATE.
     """
-    qn = quote
     adapt = connection.ops.adapt_datetimefield_value
     at = adapt(now)
+    head, tail = _mark_processing_sql(connection.vendor, table)
     if not reserved:
         started_sql, started_params = "%s", [at]
     elif len(reserved) >= len(ids):
         started_sql, started_params = "NULL", []
     else:
-        started_sql, started_params = f"CASE WHEN {qn('id')} IN ({id_list(reserved)}) THEN NULL ELSE %s END", [at]
-    sql = (
-        f"UPDATE {qn(table)} SET {qn('status')} = %s, "
-        f"{qn('attempts')} = {qn('attempts')} + 1, {qn('lease_token')} = {qn('lease_token')} + 1, "
-        f"{qn('worker_id')} = %s, {qn('started_at')} = {started_sql}, {qn('heartbeat_at')} = %s, "
-        f"{qn('lease_expires_at')} = %s, {qn('updated_at')} = %s "
-        f"WHERE {qn('id')} IN ({id_list(ids)}) AND {qn('status')} = %s"
-    )
+        started_sql, started_params = f"CASE WHEN {quote('id')} IN ({id_list(reserved)}) THEN NULL ELSE %s END", [at]
+    sql = f"{head}{started_sql}{tail.format(ids=id_list(ids))}"
     params = [Status.PROCESSING.value, worker_id, *started_params, at, adapt(deadline), at, Status.PENDING.value]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+@cache
+def _mark_processing_sql(vendor: str, table: str) -> tuple[str, str]:
+    """mark_processing's statement, built once: the text before `started_at`'s value, and after it ({ids} to fill)."""
+    qn = quote
+    head = (
+        f"UPDATE {qn(table)} SET {qn('status')} = %s, "
+        f"{qn('attempts')} = {qn('attempts')} + 1, {qn('lease_token')} = {qn('lease_token')} + 1, "
+        f"{qn('worker_id')} = %s, {qn('started_at')} = "
+    )
+    tail = (
+        f", {qn('heartbeat_at')} = %s, {qn('lease_expires_at')} = %s, {qn('updated_at')} = %s "
+        f"WHERE {qn('id')} IN ({{ids}}) AND {qn('status')} = %s"
+    )
+    return head, tail
 
 
 def mark_started(table: str, ids: Sequence[int], token: int, worker_id: str, now: datetime) -> int:
