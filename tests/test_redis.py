@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -151,5 +152,28 @@ def test_a_wakeup_survives_its_publisher_connection_being_killed(redis_client) -
         redis_client.client_kill_filter(_id=held[0]["id"])
         wakeup.publish({"t.after-kill"})
         assert next_message() == "t.after-kill"
+    finally:
+        pubsub.close()
+
+
+@pytest.mark.django_db
+def test_a_wakeup_goes_out_where_redis_refuses_to_name_the_connection(redis_client, monkeypatch) -> None:  # noqa: ANN001
+    """Naming the publisher's connection is best effort: a server that refuses CLIENT SETNAME still gets wake-ups."""
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(wakeup.channel())
+    wait_until(lambda: redis_client.pubsub_numsub(wakeup.channel())[0][1] == 1, timeout=10)
+    # Redis refuses a name with spaces ("ERR Client names cannot contain spaces ..."), as a proxy might refuse it.
+    monkeypatch.setattr(wakeup, "publisher_name", lambda: "not a valid name")
+    # The next message needs a new connection: drop this process's held one, if any.
+    for client in redis_client.client_list():
+        if client["name"] == f"taskflow-wakeups-{os.getpid()}":
+            redis_client.client_kill_filter(_id=client["id"])
+    try:
+        wakeup.publish({"t.unnamed"})
+        deadline = time.monotonic() + 10
+        message = None
+        while message is None and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=0.2)
+        assert message is not None and message["data"].decode() == "t.unnamed"
     finally:
         pubsub.close()

@@ -159,14 +159,12 @@ class _HeldConnection:
     def command(self, client: Any, *args: Any) -> Any:
         while True:
             fresh = self._connection is None or client.connection_pool is not self._pool
-            if fresh:  # first use, after a failure, or the deployment's client changed (settings in tests)
-                self.drop()
-                self._pool = client.connection_pool
-                self._connection = self._pool.get_connection()
-                # Named, so CLIENT LIST tells which process's publisher it is.
-                self._connection.send_command("CLIENT", "SETNAME", publisher_name())
-                self._connection.read_response()
             try:
+                if fresh:  # first use, after a failure, or the deployment's client changed (settings in tests)
+                    self.drop()
+                    self._pool = client.connection_pool
+                    self._connection = self._pool.get_connection()
+                    self._name()
                 self._connection.send_command(*args)
                 return self._connection.read_response()
             except RedisError:
@@ -177,12 +175,23 @@ class _HeldConnection:
                 self.drop()
                 raise
 
+    def _name(self) -> None:
+        """Name the connection, so CLIENT LIST tells which process's publisher it is (best effort: a proxy may
+        refuse CLIENT commands)."""
+        from redis.exceptions import ResponseError
+
+        self._connection.send_command("CLIENT", "SETNAME", publisher_name())
+        with contextlib.suppress(ResponseError):
+            self._connection.read_response()
+
     def drop(self) -> None:
-        if self._connection is not None:
-            with contextlib.suppress(Exception):  # it may be broken already; it is let go either way
-                self._connection.disconnect()
-                self._pool.release(self._connection)
+        connection, pool = self._connection, self._pool
         self._pool = self._connection = None
+        if connection is not None:
+            with contextlib.suppress(Exception):  # it may be broken already; it is let go either way
+                connection.disconnect()
+            with contextlib.suppress(Exception):
+                pool.release(connection)
 
 
 _publisher = _Publisher()
