@@ -39,7 +39,7 @@ CATEGORIES: list[tuple[str, str, str]] = [
     ("  finish_attempts (taskflow/engine/finishing.py)", "taskflow/engine/finishing.py", "finish_attempts"),
     ("    row_changes", "taskflow/engine/transitions.py", "row_changes"),
     ("    update_attempts (SQL build + run)", "taskflow/engine/sql.py", "update_attempts"),
-    ("handler dispatch (Runner._execute)", "taskflow/runtime/runner.py", "_execute"),
+    ("handler dispatch (Runner.execute)", "taskflow/runtime/runner.py", "execute"),
     ("  json_text (result check)", "taskflow/engine/validation.py", "json_text"),
     ("config cache (configs.get_many)", "taskflow/engine/configs.py", "get_many"),
     ("liveness heartbeat thread", "taskflow/runtime/liveness.py", ""),
@@ -152,7 +152,7 @@ def _wall_label(frames: list[Frame]) -> str:
 def _matches(frame: Frame, path_part: str, func: str) -> bool:
     if path_part and path_part not in frame.path:
         return False
-    if func == "execute":
+    if func == "execute" and not path_part:
         # The database round trip: the driver call under Django's cursor wrapper.
         path = frame.path
         driver = "MySQLdb" in path or "psycopg" in path or "django/db/backends/" in path

@@ -152,7 +152,7 @@ def _run(worker: Any, claimed: list[Any], ahead: timedelta) -> list[Attempt]:
 
     ran = []
     for task in claimed:
-        report: Report = worker._execute(task)
+        report: Report = worker.execute(task)
         finish_attempts([report], limiter=worker.limiter, now=timezone.now() + ahead)
         ran.append(_attempt(report))
     return ran

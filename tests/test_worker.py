@@ -158,7 +158,7 @@ def test_a_stopping_worker_hands_back_claimed_tasks_it_has_not_started(run_log: 
     worker = Worker(["test.record"], concurrency=1)
     worker.request_stop()
 
-    report = worker._execute(held)  # a job reaching a handler thread after the stop was requested
+    report = worker.execute(held)  # a job reaching a handler thread after the stop was requested
 
     assert report.outcome == Outcome.HANDBACK
     assert finish_attempts([report], cfgs={"test.record": configs.get("test.record")}) == [report]

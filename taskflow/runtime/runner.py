@@ -432,7 +432,7 @@ class Runner:
         if job.attempt.stop_requested.is_set():
             report = Report(job.attempt, Outcome.LOST)  # stopped while it waited for a thread
         else:
-            report = self._execute(job.attempt, job)
+            report = self.execute(job.attempt, job)
         with self._lock:
             replaced = job.stuck
             if job.stuck:
@@ -446,8 +446,11 @@ class Runner:
         self._wake.set()  # a thread is free: the claim loop may claim
         return not replaced  # a replaced thread ends: another has taken its place in the pool
 
-    def _execute(self, attempt: Any, job: Job | None = None) -> Report:
-        """Run the attempt's handler and time it; whatever it does or raises becomes its report."""
+    def execute(self, attempt: Any, job: Job | None = None) -> Report:
+        """Run the attempt's handler on this thread and time it; whatever it does or raises becomes its report.
+
+        A handler thread's step runs it; taskflow.testing.run_tasks runs tasks inline with it.
+        """
         if self._stopping.is_set():
             return Report(attempt, Outcome.HANDBACK)
         job = job or Job(attempt)
@@ -549,7 +552,7 @@ class Runner:
         self._event_loop.submit([self._run_async(job) for job in jobs], started)
 
     async def _run_async(self, job: Job) -> None:
-        """Run an async handler on the event loop, as _handler_step and _execute run a sync one in a thread."""
+        """Run an async handler on the event loop, as _handler_step and execute run a sync one in a thread."""
         attempt = job.attempt
         try:
             if self._stopping.is_set():
