@@ -20,7 +20,7 @@ import requests
 from django.utils import timezone
 
 import taskflow
-from taskflow.models import Status, Task
+from taskflow.models import Status, Task, WorkerProcess
 
 from .conftest import REPO, peak_overlap, read_runs, wait_until
 from .remote_support import api_token, free_port, require_liveness_beat
@@ -107,6 +107,13 @@ def test_two_remote_workers_drain_500_tasks_through_a_server_outage_each_ending_
     token = api_token("remote-worker", "hold_task")
     # A hold whose answer the outage swallows is recovered only by the beat's hand-back.
     require_liveness_beat(gunicorn.url, token)
+    options = ["--types", "test.record,test.flaky,test.control", "--concurrency", "8"]
+    options += ["--poll-interval", "0.2", "--beat-interval", "1", "--grace", "10"]
+    workers = [start_remote(gunicorn.url, token, *options) for _ in range(2)]
+    # Both are polling before there is work: one that started late on a loaded machine would
+    # otherwise meet the outage first, back off, and find the other has drained everything.
+    wait_until(lambda: sum("test.record" in w.task_types for w in WorkerProcess.objects.all()) == 2, timeout=60)
+
     records = taskflow.enqueue_many(
         [{"task_type": "test.record", "payload": {"n": n, "sleep": 0.02}} for n in range(440)]
     )
@@ -114,10 +121,6 @@ def test_two_remote_workers_drain_500_tasks_through_a_server_outage_each_ending_
     staged = taskflow.enqueue_many([{"task_type": "test.control", "payload": {"action": "stages"}} for _ in range(20)])
     ids = [t.pk for t in (*records, *flaky, *staged)]
     assert len(ids) == 500
-
-    options = ["--types", "test.record,test.flaky,test.control", "--concurrency", "8"]
-    options += ["--poll-interval", "0.2", "--beat-interval", "1", "--grace", "10"]
-    workers = [start_remote(gunicorn.url, token, *options) for _ in range(2)]
 
     # The server goes away for 5 seconds in the middle of the drain, with attempts running.
     wait_until(lambda: len(read_runs(run_log)) >= 150, timeout=120)
