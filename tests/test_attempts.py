@@ -300,3 +300,41 @@ def test_a_rescued_attempt_counts_as_a_failed_one() -> None:
     assert retried["status"] == Status.PENDING and retried["schedule_log"][0]["outcome"] == "rescued"
     last = row_changes(Report(attempt(attempt=4), Outcome.RESCUED, error="rescued: deadline"), cfg, NOW)
     assert last["status"] == Status.FAILED and "failed after 4 attempts" in last["status_msg"]
+
+
+@pytest.mark.django_db
+def test_a_rescue_does_not_hand_back_uncounted_an_attempt_its_worker_started_after_the_rescue_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker silent for a while (a database outage) starts a reserved attempt between the rescue's read and
+    its write: the attempt counts, so it is not handed back as unstarted; the next pass rescues it as started."""
+    from taskflow.engine import rescue
+    from taskflow.engine.claiming import start_reserved
+    from taskflow.engine.workers import beat
+    from taskflow.models import WorkerProcess
+
+    task = taskflow.enqueue(T, {"p": 1}, max_retries=3)
+    (held,) = claim_batch(configs.get(T), 0, "w1", reserve=1)
+    assert row(task.pk)["started_at"] is None
+    beat("w1", "host", [T], 1)
+    WorkerProcess.objects.filter(worker_id="w1").update(heartbeat_at=timezone.now() - timedelta(minutes=5))
+
+    real_finish = rescue.finish_attempts
+
+    def worker_starts_it_first(reports: list[Report], **kwargs: Any) -> list[Report]:
+        assert start_reserved([held]) == [held]  # the worker's start lands after the rescue read the row
+        monkeypatch.setattr(rescue, "finish_attempts", real_finish)
+        return real_finish(reports, **kwargs)
+
+    monkeypatch.setattr(rescue, "finish_attempts", worker_starts_it_first)
+    rescue.rescue_dead_workers()
+    got = row(task.pk)
+    assert (got["status"], got["attempts"], got["worker_id"]) == (Status.PROCESSING, 1, "w1")
+    assert got["started_at"] is not None
+
+    rescue.rescue_dead_workers()  # the next pass: a started attempt of a silent worker, counted
+    got = row(task.pk)
+    assert (got["status"], got["attempts"]) == (Status.PENDING, 1)
+    later = timezone.now() + timedelta(hours=1)  # past its retry back-off
+    (again,) = claim_batch(configs.get(T), 1, "w2", now=later)
+    assert again.attempt == 2  # never a second "attempt 1"

@@ -129,7 +129,13 @@ def _rescue(
         if not rows:
             break
         reports = [rescue_report(row, reason(row), now, cause) for row in rows]
-        accepted = finish_attempts(reports, guard=guard, now=now)
+        # A reserved attempt is handed back uncounted only if it is still unstarted when written: its
+        # worker may have started it since it was read (a worker silent for a while, not dead).
+        # Left alone then, the next pass rescues it as the started attempt it is.
+        handbacks = [r for r in reports if r.outcome == Outcome.HANDBACK]
+        started = [r for r in reports if r.outcome != Outcome.HANDBACK]
+        accepted = finish_attempts(started, guard=guard, now=now) if started else []
+        accepted += finish_attempts(handbacks, guard=guard.unstarted(), now=now) if handbacks else []
         for report in accepted:
             owners.add(report.task.worker_id)
             outcomes[report.written["status"]] += 1  # type: ignore[index]
@@ -139,9 +145,7 @@ def _rescue(
     return outcomes, owners
 
 
-def rescue_report(
-    row: dict[str, Any], reason: str, now: datetime, cause: type[Exception] = AttemptTimedOut
-) -> Report:
+def rescue_report(row: dict[str, Any], reason: str, now: datetime, cause: type[Exception] = AttemptTimedOut) -> Report:
     """The end of a lost attempt as a rescue reports it: a failed attempt (already counted at claim), named `cause`.
 
     An attempt claimed ahead and never started is handed back: no handler ran, so nothing failed.

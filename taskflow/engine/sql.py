@@ -836,6 +836,15 @@ class Guard:
             (*params, *params),
         )
 
+    def unstarted(self) -> Guard:
+        """This guard, and only attempts still unstarted (`started_at` NULL).
+
+        A hand-back decided from a row read as reserved must not land on an attempt its worker
+        started since: that attempt counts, and a handler may be running it.
+        """
+        clause = f"{column('started_at')} IS NULL"
+        return Guard(f"({self.sql}) AND {clause}" if self.sql else clause, self.params)
+
 
 NO_GUARD = Guard()
 
