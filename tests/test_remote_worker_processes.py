@@ -198,10 +198,12 @@ def test_sigterm_lets_running_remote_tasks_finish_and_reports_them_before_exitin
 
 
 def test_attacks_by_a_hold_task_token_on_remote_and_local_workers_attempts_are_refused(
-    gunicorn: Gunicorn, start_remote, spawn, run_log: Path
+    gunicorn: Gunicorn, start_remote, spawn, run_log: Path, tmp_path: Path
 ) -> None:
     """The review's attacks over HTTP while a remote and a local worker run: each task runs once, as its handler."""
-    tasks = [taskflow.enqueue("test.sleep", {"seconds": 4}) for _ in range(4)]
+    # The handlers run until the attacks are over (the gate), however slowly the two workers start.
+    gate = tmp_path / "attacks-over"
+    tasks = [taskflow.enqueue("test.sleep", {"seconds": 60, "gate": str(gate)}) for _ in range(4)]
     ids = {str(t.pk) for t in tasks}
     remote_proc = start_remote(
         gunicorn.url, api_token("remote-worker", "hold_task"), "--types", "test.sleep", "--concurrency", "2"
@@ -255,10 +257,11 @@ def test_attacks_by_a_hold_task_token_on_remote_and_local_workers_attempts_are_r
     for attempt in running:
         assert Task.objects.filter(pk=attempt["id"]).values().get() == before[attempt["id"]]
 
+    gate.touch()
     wait_until(lambda: Task.objects.filter(pk__in=[t.pk for t in tasks], status__in=FINAL).count() == 4, timeout=60)
     for task in tasks:
         got = Task.objects.get(pk=task.pk)
-        assert (got.status, got.attempts, got.result) == (Status.SUCCESS, 1, {"slept": 4})
+        assert (got.status, got.attempts, got.result) == (Status.SUCCESS, 1, {"slept": 60})
     runs = [r for r in read_runs(run_log) if r[0] in ids]
     assert Counter((r[0], r[2]) for r in runs) == Counter({(i, what): 1 for i in ids for what in ("start", "end")})
     for proc in (remote_proc, local_proc):

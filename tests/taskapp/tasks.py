@@ -55,11 +55,13 @@ def flaky(ctx):
 
 @taskflow.handler("test.sleep")
 def sleep(ctx):
-    """Sleeps `seconds` (default: forever, in short naps) without heartbeating."""
+    """Sleeps `seconds` (default: forever, in short naps) without heartbeating; a `gate` file, once it
+    exists, ends the sleep early, so a test can hold tasks running for exactly as long as it needs."""
     record(ctx, "start")
     seconds = ctx.payload.get("seconds")
+    gate = ctx.payload.get("gate")
     end = time.monotonic() + (seconds if seconds is not None else 10**9)
-    while time.monotonic() < end:
+    while time.monotonic() < end and not (gate and os.path.exists(gate)):
         time.sleep(0.05)
     record(ctx, "end")
     return {"slept": seconds}
@@ -151,6 +153,7 @@ def until_stopped(ctx):
         time.sleep(0.05)
     record(ctx, "end")
     return {"finished": True}
+
 
 # The django.tasks functions, found by the worker like handlers. They need Django settings, which a
 # remote worker (python -m taskflow.remote) does not have: it imports the handlers above alone.
