@@ -201,7 +201,13 @@ def test_a_mariadb_restart_under_load_loses_nothing_and_stops_no_process(
     own_mariadb.start()
     restarted = time.time()
 
-    wait_until(lambda: finished() == 800, timeout=90)
+    try:
+        wait_until(lambda: finished() == 800, timeout=90)
+    except AssertionError as stuck:
+        # What the unfinished rows hold says which mechanism failed to bring them back.
+        columns = "id, status, attempts, lease_token, worker_id, started_at, lease_expires_at, run_after, schedule_log"
+        rows = own_mariadb.query(f"SELECT {columns} FROM taskflow_task WHERE status <> 'success'", "tf_restart")
+        raise AssertionError(f"{stuck}; restarted at {restarted:.3f}; {columns}: {rows}") from None
 
     procs = [*workers, watcher]
     assert [p.poll() for p in procs] == [None] * 3, [output(p)[-3000:] for p in procs if p.poll() is not None]
