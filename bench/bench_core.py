@@ -190,10 +190,20 @@ class Bench:
     # -- phase 2: bulk enqueue -----------------------------------------------------------------
 
     def bulk(self) -> None:
+        # The limit, measured in the same run (interleaved): the task row in multi-row INSERTs, no engine.
+        raw = database.RawInserts()
+        try:
+            self.bulk_runs(raw)
+        finally:
+            raw.drop()
+
+    def bulk_runs(self, raw: database.RawInserts) -> None:
         import taskflow
 
         total, size = self.plan.bulk_total, self.plan.bulk_batch
         m = self.metric(f"bulk enqueue ({size}/call)", "tasks/s", (">=", 50000))
+        limit = self.metric(f"raw multi-row INSERT, task row ({size}/statement)", "rows/s")
+        to_limit = self.metric("bulk enqueue / raw multi-row INSERT", "ratio")
         # The request lists are the caller's business: built before the clock starts.
         batches = [
             [{"task_type": TASK_TYPE, "payload": {"i": i}} for i in range(start, min(start + size, total))]
@@ -203,12 +213,16 @@ class Bench:
             if self.out_of_time(f"bulk run {run + 1}"):
                 return
             database.reset_tables()
+            raw_rate = total / raw.task_rows(total, size, first_id=run * total + 1)
+            limit.values.append(raw_rate)
+            print(f"  raw multi-row INSERT run {run + 1}: task row {raw_rate:,.0f}/s", flush=True)
             started, cpu = time.perf_counter(), time.process_time()
             for batch in batches:
                 taskflow.enqueue_many(batch)
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
             self.check_count(total, "bulk enqueue")
             m.values.append(total / elapsed)
+            to_limit.values.append(total / elapsed / raw_rate)
             self.metric("... client CPU per bulk task", "us").values.append(cpu / total * 1e6)
             print(
                 f"  bulk run {run + 1}: {total} tasks in {elapsed:.2f}s = {total / elapsed:,.0f}/s, "

@@ -110,12 +110,13 @@ def describe() -> str:
 
 
 class RawInserts:
-    """The limits single enqueue is measured against: plain autocommitted single-row INSERTs, no engine.
+    """The limits enqueueing is measured against: plain INSERTs, no engine.
 
     Both go through the same Django connection (and its driver) as the engine does. `narrow` is the
     row of the peers harness's raw queue (../shared/bench-peers: id, status, payload, worker, one
     index), the "raw INSERT" of issue 16; `task_row` is the full task row, every column a parameter,
-    into a copy of the task table (the same columns and indexes; on SQLite without its indexes).
+    into a copy of the task table (the same columns and indexes; on SQLite without its indexes), one
+    autocommitted row at a time; `task_rows` sends the task row in multi-row INSERTs, as bulk enqueue does.
     """
 
     NARROW = "bench_raw_narrow"
@@ -154,6 +155,7 @@ class RawInserts:
         task = Task(task_type="bench.noop", payload={"i": 0}, trace_id="0" * 32, **times)
         self.task_values = [f.get_db_prep_save(getattr(task, f.attname), connection) for f in fields]
         self.id_index = [f.attname for f in fields].index("id")
+        self.trace_index = [f.attname for f in fields].index("trace_id")
         self.task_sql = (
             f"INSERT INTO {self.TASK_ROW} ({', '.join(qn(f.column) for f in fields)}) "
             f"VALUES ({', '.join(['%s'] * len(fields))})"
@@ -184,6 +186,28 @@ class RawInserts:
             for i in range(first_id, first_id + n):
                 values[at] = i
                 cursor.execute(self.task_sql, values)
+        return time.perf_counter() - started
+
+    def task_rows(self, total: int, size: int, first_id: int) -> float:
+        """Seconds for `total` task rows in multi-row INSERTs of `size` rows (the driver's executemany), a
+        transaction each, ids from `first_id`; each row with its own trace id, as enqueue_many writes them."""
+        import os
+        import time
+
+        from django.db import connection, transaction
+
+        at, trace = self.id_index, self.trace_index
+        end = first_id + total
+        started = time.perf_counter()
+        with connection.cursor() as cursor:
+            for start in range(first_id, end, size):
+                rows = []
+                for i in range(start, min(start + size, end)):
+                    values = list(self.task_values)
+                    values[at], values[trace] = i, os.urandom(16).hex()
+                    rows.append(values)
+                with transaction.atomic():
+                    cursor.executemany(self.task_sql, rows)
         return time.perf_counter() - started
 
     def drop(self) -> None:
