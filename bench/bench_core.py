@@ -136,13 +136,9 @@ class Bench:
     # -- phase 1: single enqueue ---------------------------------------------------------------
 
     def single(self) -> None:
-
         # The limits, measured in the same run (interleaved with the engine's runs): see RawInserts.
-        raw = database.RawInserts()
-        try:
+        with database.RawInserts() as raw:
             self.single_runs(raw)
-        finally:
-            raw.drop()
 
     def single_runs(self, raw: database.RawInserts) -> None:
         import taskflow
@@ -191,11 +187,8 @@ class Bench:
 
     def bulk(self) -> None:
         # The limit, measured in the same run (interleaved): the task row in multi-row INSERTs, no engine.
-        raw = database.RawInserts()
-        try:
+        with database.RawInserts() as raw:
             self.bulk_runs(raw)
-        finally:
-            raw.drop()
 
     def bulk_runs(self, raw: database.RawInserts) -> None:
         import taskflow

@@ -210,6 +210,12 @@ class RawInserts:
                     cursor.executemany(self.task_sql, rows)
         return time.perf_counter() - started
 
+    def __enter__(self) -> RawInserts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.drop()
+
     def drop(self) -> None:
         from django.db import connection
 
