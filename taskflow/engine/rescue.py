@@ -134,8 +134,8 @@ def _rescue(
         # Left alone then, the next pass rescues it as the started attempt it is.
         handbacks = [r for r in reports if r.outcome == Outcome.HANDBACK]
         started = [r for r in reports if r.outcome != Outcome.HANDBACK]
-        accepted = finish_attempts(started, guard=guard, now=now) if started else []
-        accepted += finish_attempts(handbacks, guard=guard.unstarted(), now=now) if handbacks else []
+        accepted = finish_attempts(started, guard=guard, now=now)
+        accepted += finish_attempts(handbacks, guard=guard.unstarted(), now=now)
         for report in accepted:
             owners.add(report.task.worker_id)
             outcomes[report.written["status"]] += 1  # type: ignore[index]
