@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 import taskflow
+from taskflow.engine import sql
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task
@@ -104,6 +106,93 @@ def test_a_claim_takes_only_due_pending_tasks_of_its_type_up_to_the_limit() -> N
     assert claim_batch(cfg, 3, "w3", now=now) == []
     assert [t.id for t in claim_batch(cfg, 3, "w3", now=now + timedelta(minutes=6))] == [later]
     assert claim_batch(cfg, 0, "w1") == []
+
+
+# A claim on MySQL reads the first `limit` + CANDIDATE_MARGIN pending rows as candidates before it locks
+# any (sql.select_due): the next tests fill the head of the queue with more rows it must pass over.
+HEAD = sql.CANDIDATE_MARGIN + 20
+
+
+@pytest.mark.django_db
+def test_due_tasks_are_claimed_behind_a_head_of_tasks_not_due_yet() -> None:
+    """High-priority tasks scheduled later sort first (order_time = run_after - priority x aging)."""
+    cfg = cfg_with(priority_aging=1.0)
+    now = timezone.now()
+    later = now + timedelta(seconds=30)
+    taskflow.enqueue_many(
+        [{"task_type": T, "payload": {"i": i}, "priority": 100, "run_after": later} for i in range(HEAD)]
+    )
+    due = [taskflow.enqueue(T, {"due": i}, run_after=now - timedelta(seconds=5 - i)).pk for i in range(3)]
+    assert Task.objects.filter(order_time__lt=now - timedelta(seconds=10)).count() == HEAD  # they do come first
+
+    assert [t.id for t in claim_batch(cfg, 10, "w1", now=now)] == due
+    assert claim_batch(cfg, 10, "w1", now=now) == []
+
+
+@pytest.mark.django_db
+def test_due_tasks_are_claimed_behind_a_head_of_tasks_kept_for_another_host() -> None:
+    cfg = cfg_with()
+    now = timezone.now()
+    kept = taskflow.enqueue_many(
+        [{"task_type": T, "payload": {"i": i}, "run_after": now - timedelta(minutes=1)} for i in range(HEAD)]
+    )
+    Task.objects.filter(pk__in=[t.pk for t in kept]).update(
+        prefer_host="alpha", prefer_host_until=now + timedelta(minutes=1)
+    )
+    free = [taskflow.enqueue(T, {"free": i}, run_after=now - timedelta(seconds=5 - i)).pk for i in range(3)]
+
+    assert [t.id for t in claim_batch(cfg, 10, "w-beta", host="beta", now=now)] == free
+    assert len(claim_batch(cfg, 500, "w-alpha", host="alpha", now=now)) == HEAD
+
+
+def lockable(other: Any, ids: list[int]) -> list[int]:
+    """Which of these rows connection `other` can lock now (it keeps the locks until it rolls back)."""
+    with other.cursor() as cursor:
+        marks = ", ".join(["%s"] * len(ids))
+        cursor.execute(f"SELECT id FROM {sql.task_table()} WHERE id IN ({marks}) FOR UPDATE SKIP LOCKED", ids)
+        return sorted(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_open_claim_locks_only_the_tasks_it_takes() -> None:
+    if not connection.features.has_select_for_update_skip_locked:
+        pytest.skip("no row locks to skip here (SQLite: one writer at a time)")
+    cfg = cfg_with()
+    ids = [t.pk for t in taskflow.enqueue_many([{"task_type": T, "payload": {"i": i}} for i in range(50)])]
+    other = connections.create_connection("default")
+    other.set_autocommit(False)
+    try:
+        with transaction.atomic():
+            assert [t.id for t in claim_batch(cfg, 10, "w1")] == ids[:10]
+            assert lockable(other, ids) == ids[10:]
+    finally:
+        other.rollback()
+        other.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_passes_over_a_head_locked_by_another_claim() -> None:
+    if not connection.features.has_select_for_update_skip_locked:
+        pytest.skip("no row locks to skip here (SQLite: one writer at a time)")
+    cfg = cfg_with()
+    ids = [t.pk for t in taskflow.enqueue_many([{"task_type": T, "payload": {"i": i}} for i in range(HEAD + 30)])]
+    other = connections.create_connection("default")
+    other.set_autocommit(False)
+    try:
+        # Another worker's claim, still open: it holds the first HEAD rows of the queue.
+        with other.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {sql.task_table()} WHERE status = %s AND task_type = %s "
+                f"ORDER BY order_time LIMIT {HEAD} FOR UPDATE",
+                [Status.PENDING.value, T],
+            )
+            assert len(cursor.fetchall()) == HEAD
+        with transaction.atomic():
+            assert [t.id for t in claim_batch(cfg, 10, "w1")] == ids[HEAD : HEAD + 10]
+            assert lockable(other, ids[HEAD:]) == ids[HEAD + 10 :]
+    finally:
+        other.rollback()
+        other.close()
 
 
 @pytest.mark.django_db
