@@ -608,7 +608,7 @@ CLAIM_COLUMNS = (
 _JSON_COLUMNS = {"payload", "context", "checkpoint", "schedule_log"}
 
 
-# How many pending rows beyond its own batch a claim on MySQL reads as candidates (see select_due):
+# How many pending rows beyond its own batch a claim on MariaDB reads as candidates (see select_due):
 # room for the rows other workers are locking at the same moment, and for rows at the head of the
 # queue that are not due yet or prefer another host.
 CANDIDATE_MARGIN = 200
@@ -617,21 +617,23 @@ CANDIDATE_MARGIN = 200
 def select_due(table: str, task_type: str, limit: int, host: str, now: datetime) -> list[dict[str, Any]]:
     """Lock and read up to `limit` due pending tasks of a type, in scheduling order (skipping locked rows).
 
-    On MySQL a locking scan of the claim index is slow behind a busy queue: every task claimed
+    On MariaDB a locking scan of the claim index is slow behind a busy queue: every task claimed
     since the last purge leaves a delete-marked entry at the head of the pending range, and a
     locking read checks each against its row (a claim of 100 took 1 ms at the start of a 20,000
     task drain and 8 ms by its middle). So there the claim first reads candidates without locks
     (index only: the first `limit` + CANDIDATE_MARGIN pending ids in order), then locks those that
     are still due by primary key. The locked read re-checks every condition, so a candidate claimed
     or changed meanwhile is skipped. When that cannot tell it has seen the whole queue (no row, or
-    every candidate read and still short), the plain locking scan runs, as elsewhere.
+    every candidate read and still short), the plain locking scan runs, as elsewhere: so a poll of
+    an empty queue costs two statements. Only on MariaDB, where it is tested; MySQL keeps the plain
+    scan.
     """
     vendor, skip_locked = connection.vendor, connection.features.has_select_for_update_skip_locked
     at = connection.ops.adapt_datetimefield_value(now)
     due: list[Any] = [Status.PENDING.value, task_type, at, at, *([host] if host else [])]
     rows: list[tuple[Any, ...]] = []
     with connection.cursor() as cursor:
-        if vendor == "mysql" and skip_locked:
+        if vendor == "mysql" and skip_locked and connection.mysql_is_mariadb:
             candidates = limit + CANDIDATE_MARGIN
             cursor.execute(
                 _select_candidates_sql(table, bool(host)), [Status.PENDING.value, task_type, candidates, *due, limit]
@@ -674,7 +676,7 @@ def _select_due_sql(vendor: str, table: str, with_host: bool, skip_locked: bool)
 
 @cache
 def _select_candidates_sql(table: str, with_host: bool) -> str:
-    """select_due's statement on MySQL: candidates read from the claim index alone, then locked by primary key.
+    """select_due's statement on MariaDB: candidates read from the claim index alone, then locked by primary key.
 
     The derived table is read first (STRAIGHT_JOIN) and in order, so rows are locked one candidate
     at a time until the batch is full, not every candidate. Each row also carries how many
