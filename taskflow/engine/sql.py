@@ -630,7 +630,7 @@ def select_due(table: str, task_type: str, limit: int, host: str, now: datetime)
     """
     vendor, skip_locked = connection.vendor, connection.features.has_select_for_update_skip_locked
     at = connection.ops.adapt_datetimefield_value(now)
-    due: list[Any] = [Status.PENDING.value, task_type, at, at, *([host] if host else [])]
+    due = _due_params(task_type, host, at)
     rows: list[tuple[Any, ...]] = []
     with connection.cursor() as cursor:
         if vendor == "mysql" and skip_locked and connection.mysql_is_mariadb:
@@ -655,8 +655,13 @@ def select_due(table: str, task_type: str, limit: int, host: str, now: datetime)
     return out
 
 
+def _due_params(task_type: str, host: str, at: Any) -> list[Any]:
+    """_due_where's parameters: pending, this type, due at `at` (the driver's value), and the host if any."""
+    return [Status.PENDING.value, task_type, at, at, *([host] if host else [])]
+
+
 def _due_where(with_host: bool, prefix: str = "") -> str:
-    """The conditions of a due pending task of a type (parameters: status, type, now, now[, host])."""
+    """The conditions of a due pending task of a type (parameters: _due_params)."""
     qn = quote
     hosts = f"{prefix}{qn('prefer_host')} = '' OR {prefix}{qn('prefer_host_until')} <= %s"
     if with_host:
@@ -748,15 +753,10 @@ def claim_due(
     """
     qn = quote
     columns = ", ".join(f"t.{column(name)}" for name in (*CLAIM_COLUMNS, "order_time"))
-    hosts = f"{qn('prefer_host')} = '' OR {qn('prefer_host_until')} <= %s"
     at = connection.ops.adapt_datetimefield_value(now)
-    where: list[Any] = [Status.PENDING.value, task_type, at, at]
-    if host:
-        hosts += f" OR {qn('prefer_host')} = %s"
-        where.append(host)
+    where = _due_params(task_type, host, at)
     sql = (
-        f"WITH due AS MATERIALIZED (SELECT {qn('id')} FROM {qn(table)} "
-        f"WHERE {qn('status')} = %s AND {qn('task_type')} = %s AND {qn('run_after')} <= %s AND ({hosts}) "
+        f"WITH due AS MATERIALIZED (SELECT {qn('id')} FROM {qn(table)} WHERE {_due_where(bool(host))} "
         f"ORDER BY {qn('order_time')} LIMIT %s FOR UPDATE SKIP LOCKED) "
         f"UPDATE {qn(table)} t SET {qn('status')} = %s, "
         f"{qn('attempts')} = t.{qn('attempts')} + 1, {qn('lease_token')} = t.{qn('lease_token')} + 1, "
