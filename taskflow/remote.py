@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from .runtime import logs
 from .runtime.remote import RemoteWorker
 from .runtime.remote_client import AccessDenied, ApiClient, ApiError
 from .runtime.runner import ASYNC_CONCURRENCY, PREFETCH, PREFETCH_WAIT, WorkerFailed
+from .runtime.stop_signals import run_until_stopped
 
 
 def _positive_int(text: str) -> int:
@@ -129,13 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, UnknownTaskType) as exc:
         return _fail(str(exc))
 
-    def stop(signum: int, frame: object) -> None:
-        worker.request_stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     try:
-        worker.run()
+        run_until_stopped(worker.run, worker.request_stop, name="taskflow-remote-worker")
     except AccessDenied as exc:
         return _fail(f"the server refused the token ({exc.status}): check the token and its hold_task permission")
     except ApiError as exc:

@@ -1,9 +1,9 @@
 import logging
-import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
 from taskflow.runtime import logs
+from taskflow.runtime.stop_signals import run_until_stopped
 from taskflow.runtime.watcher import Watcher
 
 log = logging.getLogger("taskflow.watch")
@@ -45,9 +45,4 @@ class Command(BaseCommand):
                 log.info("one pass done: %s", ", ".join(f"{name}={n}" for name, n in counts.items()))
             return
 
-        def stop(signum, frame) -> None:  # noqa: ANN001
-            watcher.request_stop()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        watcher.run()
+        run_until_stopped(watcher.run, watcher.request_stop, name="taskflow-watch")

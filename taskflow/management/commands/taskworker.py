@@ -1,10 +1,9 @@
-import signal
-
 from django.core.management.base import BaseCommand, CommandError
 
 from taskflow.exceptions import UnknownTaskType
 from taskflow.runtime import logs
 from taskflow.runtime.django_tasks import select_task_types
+from taskflow.runtime.stop_signals import run_until_stopped
 from taskflow.runtime.worker import Worker, WorkerFailed
 
 
@@ -78,13 +77,8 @@ class Command(BaseCommand):
         except (UnknownTaskType, ValueError) as exc:  # InvalidTask too: a queue name no task type can hold
             raise CommandError(str(exc)) from None
 
-        def stop(signum, frame) -> None:  # noqa: ANN001
-            worker.request_stop()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
         try:
-            worker.run()
+            run_until_stopped(worker.run, worker.request_stop, name="taskflow-worker")
         except WorkerFailed as exc:
             # Exit non-zero with one line, so a supervisor restarts a worker that cannot go on (a
             # thread died or kept failing, or stuck handlers clog it); taskwatch rescues its tasks.
