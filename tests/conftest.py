@@ -127,6 +127,19 @@ def spawn(process_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[...,
             proc.wait(timeout=10)
 
 
+def exit_status(proc: subprocess.Popen, timeout: float = 60.0) -> int:
+    """Wait for a process started by `spawn`; if it will not exit, fail with its log and its threads' stacks."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # faulthandler writes every thread's stack to the log (tests/settings.py)
+        time.sleep(1.0)
+        proc.kill()
+        proc.wait(timeout=10)
+        log = Path(proc.log_path).read_text()  # type: ignore[attr-defined]
+        raise AssertionError(f"still running {timeout:.0f}s later: {proc.args}\n{log[-20000:]}") from None
+
+
 def history_tables() -> list[str]:
     """The tables tasks were rolled into (they are not Django's: a flush between tests leaves them)."""
     from taskflow.engine import sql

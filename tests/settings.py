@@ -1,7 +1,9 @@
 """Test settings: the project's settings with the engine's timings shortened."""
 
+import faulthandler
 import json
 import os
+import signal
 
 os.environ.setdefault("DJANGO_SECRET_KEY", "taskflow-tests-only")
 
@@ -32,3 +34,7 @@ TASKFLOW.update(json.loads(os.environ.get("TASKFLOW_TEST_OVERRIDES", "{}")))
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Two queues, so the django.tasks backend's queue selection is exercised (tests/test_backend*.py).
 TASKS = {"default": {"BACKEND": "taskflow.backends.TaskflowBackend", "QUEUES": ["default", "other"]}}
+
+# A test whose child process will not exit sends it SIGUSR1 for every thread's stack in its log
+# (tests/conftest.py: exit_status), so a hang in CI says where it hung.
+faulthandler.register(signal.SIGUSR1, all_threads=True)

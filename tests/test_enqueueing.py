@@ -20,7 +20,7 @@ from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
 from taskflow.models import ScheduleCfg, Status, Task, TaskKey
 
-from .conftest import wait_until
+from .conftest import exit_status, wait_until
 
 T = "test.noop"
 
@@ -557,7 +557,7 @@ def test_concurrent_duplicates_from_separate_processes_create_exactly_one_task(s
     gate.touch()
     outcomes = []
     for proc in procs:
-        assert proc.wait(timeout=60) == 0, Path(proc.log_path).read_text()
+        assert exit_status(proc) == 0, Path(proc.log_path).read_text()
         lines = [line.split() for line in Path(proc.log_path).read_text().splitlines() if line.startswith("OUTCOME")]
         outcomes.append(tuple(lines[0][1:]))
     assert sorted(o[0] for o in outcomes) == ["created", "existing", "existing", "existing"]

@@ -25,7 +25,7 @@ from taskflow.engine.redis import get_redis
 from taskflow.models import ScheduleCfg, Status, Task
 from taskflow.runtime import worker as worker_module
 
-from .conftest import read_runs, wait_until
+from .conftest import exit_status, read_runs, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -110,7 +110,7 @@ class Workers:
         for proc in running:
             proc.send_signal(signal.SIGTERM)
         for proc in running:
-            assert proc.wait(timeout=60) == 0, Path(proc.log_path).read_text()  # type: ignore[attr-defined]
+            assert exit_status(proc) == 0, Path(proc.log_path).read_text()  # type: ignore[attr-defined]
 
 
 @pytest.fixture
