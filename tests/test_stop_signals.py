@@ -55,6 +55,37 @@ def test_sigterm_stops_a_loop_waiting_on_the_event_its_stop_sets() -> None:
         assert done.stdout.startswith("stopped after"), done.stdout
 
 
+OTHER_SIGNAL = textwrap.dedent(
+    """
+    import os, signal, threading, time
+    from taskflow.runtime.stop_signals import run_until_stopped
+
+    stopping = threading.Event()
+    seen = []
+    signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))  # a project's own handler
+
+    def loop():
+        for _ in range(5):
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.05)
+        assert not stopping.wait(0.3), "SIGUSR2 stopped the loop"
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stopping.wait(5), "SIGTERM did not stop the loop"
+
+    run_until_stopped(loop, stopping.set, name="loop")
+    print("SIGUSR2 handled", len(seen), "times", flush=True)
+    """
+)
+
+
+def test_only_sigterm_and_sigint_stop_the_loop_and_other_handlers_still_run() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", OTHER_SIGNAL], cwd=REPO, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "SIGUSR2 handled 5 times", done.stdout
+
+
 def test_what_the_work_raises_reaches_the_caller() -> None:
     from taskflow.runtime.stop_signals import run_until_stopped
 
