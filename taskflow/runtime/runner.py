@@ -187,7 +187,7 @@ class Runner:
             raise self._failure
 
     def request_stop(self) -> None:
-        """Stop claiming and begin a graceful shutdown (safe to call from a signal handler)."""
+        """Stop claiming and shut down gracefully (from any thread; not from a signal handler: see stop_signals)."""
         self._stopping.set()
         self._wake.set()
 

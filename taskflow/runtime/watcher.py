@@ -77,7 +77,7 @@ class Watcher:
         self._stop = threading.Event()
 
     def request_stop(self) -> None:
-        """Finish the current duty and stop (safe to call from a signal handler)."""
+        """Finish the current duty and stop (from any thread; not from a signal handler: see stop_signals)."""
         self._stop.set()
 
     def keep_going(self) -> bool:
