@@ -238,6 +238,11 @@ class Model:
         attempt.running = False
         self._end(self.tasks[attempt.task], "error", False)
 
+    def handed_back(self, attempt: MAttempt) -> None:
+        """The attempt was never started (its claim's answer was lost): pending in its place, uncounted."""
+        attempt.running = False
+        self._end(self.tasks[attempt.task], "snooze", False)  # a snooze of no delay, as far as the task can tell
+
     def _end(self, task: MTask, outcome: str, future: bool) -> None:
         task.holder = None
         if outcome == "error" and task.attempts > self.max_retries(task):

@@ -14,6 +14,7 @@ import taskflow
 from taskflow.engine import sql
 from taskflow.engine.claiming import claim_batch
 from taskflow.engine.configs import configs
+from taskflow.engine.rescue import hand_back_unheld
 from taskflow.models import ScheduleCfg, Status, Task
 
 T = "test.noop"
@@ -274,3 +275,32 @@ def test_concurrent_claimers_never_share_a_task() -> None:
     assert Task.objects.filter(status=Status.PROCESSING, attempts=1, lease_token=1).count() == 300
     by_worker = dict(Task.objects.values_list("id", "worker_id"))
     assert all(by_worker[i] == f"w{n}" for n, ids in enumerate(claimed) for i in ids)
+
+
+@pytest.mark.django_db
+def test_a_live_worker_hands_back_only_the_attempts_it_does_not_hold() -> None:
+    """rescue.hand_back_unheld: what a claim whose answer was lost left under a worker that still beats."""
+    cfg = cfg_with()
+    taskflow.enqueue_many([{"task_type": T, "payload": {"i": i}} for i in range(6)])
+    started = claim_batch(cfg, 2, "w1")  # started by the claim
+    reserved = claim_batch(cfg, 0, "w1", reserve=2)  # claimed ahead, not started
+    others = claim_batch(cfg, 2, "w2")
+    kept, lost_started = started
+    lost_reserved, kept_reserved = reserved
+    held = [(kept.id, kept.lease_token), (kept_reserved.id, kept_reserved.lease_token)]
+
+    assert hand_back_unheld("w1", held) == 2
+
+    rows = Task.objects.in_bulk()
+    for task in (lost_started, lost_reserved):
+        row = rows[task.id]
+        assert (row.status, row.attempts, row.worker_id, row.started_at) == (Status.PENDING, 0, "", None)
+        # A late report of the lost claim is refused (it is guarded on `processing` and its token).
+        assert row.lease_token == task.lease_token
+    for task in (kept, kept_reserved, *others):
+        row = rows[task.id]
+        assert (row.status, row.attempts, row.lease_token) == (Status.PROCESSING, 1, task.lease_token)
+    assert rows[kept_reserved.id].started_at is None and rows[kept.id].started_at is not None
+    # Nothing more to hand back; and nothing of another worker's, whatever is listed.
+    assert hand_back_unheld("w1", held) == 0
+    assert Task.objects.filter(status=Status.PENDING).count() == 2

@@ -280,19 +280,7 @@ class Seams(RuleBasedStateMachine):
         room = self.model.room(task_type)
         due = len(self.model.claimable(task_type))
         expected = min(wanted, due, wanted if room is None else room)
-        if via == "local":
-            # As the worker's claim loop does: the limiter's slots, then the claim, then the confirm.
-            cfg = configs.get(task_type)
-            grant = self.limiter.take(task_type, wanted, cfg.concurrency_limit)
-            claimed: list[ClaimedTask] = []
-            try:
-                claimed = claim_batch(
-                    cfg, grant.slots, LOCAL_WORKER, exact_limit=self.limiter.exact_db_limit(cfg.concurrency_limit)
-                )
-            finally:
-                self.limiter.confirm(grant, claimed)
-        else:
-            claimed = self.remote.hold(task_type, wanted)
+        claimed = self._claim_locally(task_type, wanted) if via == "local" else self.remote.hold(task_type, wanted)
         labels, broken = [], []
         for attempt in claimed:
             assert attempt.id in self.labels, f"claimed task {attempt.id}, which the model never enqueued"
@@ -307,6 +295,48 @@ class Seams(RuleBasedStateMachine):
             f"({due} due, room {room}, running {[a.label for a in self.model.running(task_type)]})"
         )
         return multiple(*labels)
+
+    def _claim_locally(self, task_type: str, wanted: int, *, answer_lost: bool = False) -> list[ClaimedTask]:
+        """As the worker's claim loop does: the limiter's slots, then the claim, then the confirm.
+
+        `answer_lost`: the claim commits but its answer never arrives, so the worker confirms nothing.
+        """
+        cfg = configs.get(task_type)
+        grant = self.limiter.take(task_type, wanted, cfg.concurrency_limit)
+        claimed: list[ClaimedTask] = []
+        try:
+            claimed = claim_batch(
+                cfg, grant.slots, LOCAL_WORKER, exact_limit=self.limiter.exact_db_limit(cfg.concurrency_limit)
+            )
+        finally:
+            self.limiter.confirm(grant, [] if answer_lost else claimed)
+        return claimed
+
+    @rule(task_type=st.sampled_from(TYPES), wanted=st.integers(1, 3))
+    def claim_answer_lost(self, task_type: str, wanted: int) -> None:
+        """A local claim commits, but its connection dies before the answer arrives. The worker, which still
+        beats, hands back what the database gives it and it does not hold (DatabaseConnector.between_claims)."""
+        held = [
+            (self.claims[a.label].id, a.lease)
+            for a in self.model.attempts.values()
+            if a.via == "local" and self.model.holds(a)
+        ]
+        room = self.model.room(task_type)
+        expected = min(wanted, len(self.model.claimable(task_type)), wanted if room is None else room)
+        claimed = self._claim_locally(task_type, wanted, answer_lost=True)
+        assert len(claimed) == expected, f"the lost claim took {len(claimed)} task(s); expected {expected}"
+        lost = []
+        for attempt in claimed:
+            label = self._label("a", self.model.attempts)
+            lost.append(MAttempt(label, self.labels[attempt.id], task_type, "local", attempt.lease_token))
+            broken = self.model.claimed(lost[-1])
+            assert not broken, f"lost claim of {lost[-1].task}: " + "; ".join(broken)
+
+        handed = rescue.hand_back_unheld(LOCAL_WORKER, held)
+
+        for attempt in lost:
+            self.model.handed_back(attempt)
+        assert handed == len(lost), f"handed back {handed} of the lost claim's {len(lost)} attempt(s)"
 
     @rule(attempt=attempts, outcome=st.sampled_from(OUTCOMES))
     def report(self, attempt: str, outcome: str) -> None:

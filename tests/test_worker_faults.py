@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 import taskflow
 from taskflow.engine import configs as configs_module
@@ -260,3 +260,34 @@ def test_a_woken_worker_claims_at_once(start_worker) -> None:
     wait_until(lambda: "test.record" in worker.connector._next_poll)  # its first round is done: the next poll is far
     task = taskflow.enqueue("test.record", {"n": 1})  # wakes it (in this process, and through Redis)
     assert final_rows([task], timeout=20)[task.pk].status == Status.SUCCESS
+
+
+def test_tasks_of_a_claim_whose_answer_was_lost_run_at_once_not_after_their_deadline(
+    start_worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim commits and its connection dies before the answer arrives (a database restart, say).
+
+    The worker still beats, so only its own hand-back (DatabaseConnector.between_claims) brings the
+    tasks back before their deadline, here five minutes away; their lost attempt is not counted.
+    """
+    monkeypatch.setattr(supervision, "FIRST_PAUSE", 0.05)
+    real, answers = worker_module.claim_batch, []
+
+    def answer_lost(*args: Any, **kwargs: Any) -> Any:
+        claimed = real(*args, **kwargs)
+        answers.append(len(claimed))
+        if claimed and answers.count(0) + 1 == len(answers):  # the first claim that got anything
+            raise OperationalError(2013, "Lost connection to server during query")
+        return claimed
+
+    monkeypatch.setattr(worker_module, "claim_batch", answer_lost)
+    set_cfg("test.record", max_processing_time=300)
+    tasks = taskflow.enqueue_many([{"task_type": "test.record", "payload": {"n": i}} for i in range(40)])
+    start_worker(["test.record"], concurrency=4)
+
+    rows = final_rows(tasks, timeout=30)
+
+    lost = next(n for n in answers if n)
+    assert lost >= 4  # started and claimed-ahead attempts were both in it
+    assert {(r.status, r.attempts) for r in rows.values()} == {(Status.SUCCESS, 1)}
+    assert Task.objects.filter(status_msg__startswith="handed back").count() == 0

@@ -32,13 +32,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from ..conf import get_settings
 from ..exceptions import InvalidTask, LeaseLost, NextStage
-from ..models import Status, Task
 from . import sql, workers
 from .attempts import ClaimedTask, Outcome, Report, heartbeat
 from .claiming import claim_batch, claim_within_limit, start_held
@@ -46,6 +44,7 @@ from .configs import configs
 from .finishing import finish_attempts, handlers_returned
 from .limiter import Limiter
 from .progress import Progress
+from .rescue import hand_back_unheld
 from .transitions import worker_host
 from .validation import json_text, validate_task_type
 
@@ -347,17 +346,8 @@ def hand_back_unlisted(worker_id: str, listed: Iterable[Held], *, grace: float =
     `worker_id` is the authenticated caller's: no other worker's attempt is ever touched.
     """
     worker_id = validate_worker_id(worker_id)
-    listed = {h for h in listed if proves(h, worker_id)}
-    cutoff = timezone.now() - timedelta(seconds=grace)
-    # A reserved attempt (claimed ahead, not started) has no start time: its claim time is its first heartbeat_at.
-    claimed_before = Q(started_at__lt=cutoff) | Q(started_at__isnull=True, heartbeat_at__lt=cutoff)
-    rows = Task.objects.filter(claimed_before, status=Status.PROCESSING, worker_id=worker_id)
-    unknown = [
-        Held(i, token, attempt_key(i, token, worker_id))
-        for i, token in rows.values_list("id", "lease_token")
-        if Held(i, token) not in listed
-    ]
-    return sum(r is None for r in release(worker_id, unknown)) if unknown else 0
+    held = {(h.task_id, h.lease) for h in listed if proves(h, worker_id)}
+    return hand_back_unheld(worker_id, held, claimed_before=timezone.now() - timedelta(seconds=grace))
 
 
 def release(worker_id: str, helds: Sequence[Held]) -> list[Refused | None]:

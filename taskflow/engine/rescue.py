@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -102,6 +102,39 @@ def rescue_expired_attempts(now: datetime | None = None, keep_going: KeepGoing =
             outcomes[Status.FAILED],
         )
     return total
+
+
+def hand_back_unheld(worker_id: str, held: Iterable[tuple[int, int]], *, claimed_before: datetime | None = None) -> int:
+    """Hand back attempts the database gives to live worker `worker_id` that it does not hold; returns how many.
+
+    `held` lists every attempt the worker holds, as (task id, lease token). One it does not hold was
+    claimed by a claim whose answer never reached it (the connection died as the claim committed):
+    no handler of the worker runs it, and it would otherwise wait out its deadline and then count
+    as a failed attempt. It goes back to pending in its place, uncounted, started by the claim or
+    not. Only attempts claimed before `claimed_before`, if given (a claim may still be answering).
+    Each hand-back is guarded by the attempt's token, so an attempt ended meanwhile is left alone.
+    """
+    held = set(held)
+    rows = Task.objects.filter(status=Status.PROCESSING, worker_id=worker_id)
+    if claimed_before is not None:
+        # A reserved attempt (claimed ahead, not started) has no start time: its claim time is its first heartbeat_at.
+        rows = rows.filter(
+            Q(started_at__lt=claimed_before) | Q(started_at__isnull=True, heartbeat_at__lt=claimed_before)
+        )
+    now = timezone.now()
+    unheld = [
+        dict(zip(_COLUMNS, r, strict=True))
+        for r in rows.values_list(*_COLUMNS)
+        if (r[0], r[_COLUMNS.index("lease_token")]) not in held
+    ]
+    if not unheld:
+        return 0
+    cfgs = configs.get_many({row["task_type"] for row in unheld})
+    reports = [Report(ClaimedTask.running(row, cfgs[row["task_type"]], now), Outcome.HANDBACK) for row in unheld]
+    handed = len(finish_attempts(reports, now=now))
+    if handed:
+        log.info("handed back %d task(s) claimed for worker %s whose claim answer never reached it", handed, worker_id)
+    return handed
 
 
 def free_lingering_slots(now: datetime | None = None, keep_going: KeepGoing = _always) -> int:

@@ -31,6 +31,7 @@ from ..engine.claiming import claim_batch, claim_within_limit, start_reserved
 from ..engine.configs import configs
 from ..engine.finishing import finish_attempts
 from ..engine.limiter import Limiter
+from ..engine.rescue import hand_back_unheld
 from . import connections, logs
 from .connector import Claim, Settle
 from .liveness import LivenessBeat
@@ -61,6 +62,8 @@ class DatabaseConnector:
         self._next_poll: dict[str, float] = {}  # per type; set at its first round
         self._worker: Runner | None = None
         self._liveness: LivenessBeat | None = None
+        # A claim raised: it may have committed with its answer lost (see between_claims).
+        self._claim_unanswered = False
 
     @property
     def worker(self) -> Runner:
@@ -142,14 +145,33 @@ class DatabaseConnector:
         start_ahead: int = 0,
     ) -> Claim:
         self._add_new_types()
-        tasks, reserved, soonest = self._claim_round(room, capacity, busy, ahead, task_types, start_ahead)
+        try:
+            tasks, reserved, soonest = self._claim_round(room, capacity, busy, ahead, task_types, start_ahead)
+        except BaseException:
+            self._claim_unanswered = True
+            raise
         return Claim(tasks, soonest, reserved)
 
     def start(self, reserved: list[ClaimedTask]) -> list[ClaimedTask]:
         return start_reserved(reserved)
 
     def between_claims(self, held: list[Any]) -> None:
-        """Nothing to do: the liveness beat has a thread of its own."""
+        """After a claim that raised, hand back what the database says this worker holds and it does not.
+
+        A claim whose connection died as it committed, or a round that raised after claiming for
+        another type, leaves attempts in the database under this worker that it never received.
+        The worker still beats, so without this they would wait out their deadline (the task's
+        timeout). Here no claim of this worker is in flight and `held` lists every attempt it
+        holds (running, queued, reserved, being reported), so the others are safe to hand back.
+        """
+        if not self._claim_unanswered:
+            return
+        try:
+            hand_back_unheld(self.worker_id, [(a.id, a.lease_token) for a in held])
+        except DatabaseError as exc:  # still unreachable: the next call tries again (this one may be in shutdown)
+            log.warning("could not yet hand back attempts a failed claim may have left: %s", exc)
+            return
+        self._claim_unanswered = False
 
     def _add_new_types(self) -> None:
         """Serve the task types the worker's selection names now and did not before (e.g. a new queue)."""
