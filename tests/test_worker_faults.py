@@ -263,7 +263,7 @@ def test_a_woken_worker_claims_at_once(start_worker) -> None:
 
 
 def test_tasks_of_a_claim_whose_answer_was_lost_run_at_once_not_after_their_deadline(
-    start_worker, monkeypatch: pytest.MonkeyPatch
+    start_worker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The claim commits and its connection dies before the answer arrives (a database restart, say).
 
@@ -283,11 +283,13 @@ def test_tasks_of_a_claim_whose_answer_was_lost_run_at_once_not_after_their_dead
     monkeypatch.setattr(worker_module, "claim_batch", answer_lost)
     set_cfg("test.record", max_processing_time=300)
     tasks = taskflow.enqueue_many([{"task_type": "test.record", "payload": {"n": i}} for i in range(40)])
-    start_worker(["test.record"], concurrency=4)
-
-    rows = final_rows(tasks, timeout=30)
+    with caplog.at_level(logging.WARNING, logger="taskflow"):
+        start_worker(["test.record"], concurrency=4)
+        rows = final_rows(tasks, timeout=30)
 
     lost = next(n for n in answers if n)
+    told = [r.getMessage() for r in caplog.records if r.getMessage().startswith("handed back")]
+    assert told == [f"handed back {lost} task(s) claimed for this worker by a claim whose answer was lost"]
     assert lost >= 4  # started and claimed-ahead attempts were both in it
     assert {(r.status, r.attempts) for r in rows.values()} == {(Status.SUCCESS, 1)}
     assert Task.objects.filter(status_msg__startswith="handed back").count() == 0

@@ -131,10 +131,7 @@ def hand_back_unheld(worker_id: str, held: Iterable[tuple[int, int]], *, claimed
         return 0
     cfgs = configs.get_many({row["task_type"] for row in unheld})
     reports = [Report(ClaimedTask.running(row, cfgs[row["task_type"]], now), Outcome.HANDBACK) for row in unheld]
-    handed = len(finish_attempts(reports, now=now))
-    if handed:
-        log.info("handed back %d task(s) claimed for worker %s whose claim answer never reached it", handed, worker_id)
-    return handed
+    return len(finish_attempts(reports, now=now))
 
 
 def free_lingering_slots(now: datetime | None = None, keep_going: KeepGoing = _always) -> int:

@@ -167,11 +167,13 @@ class DatabaseConnector:
         if not self._claim_unanswered:
             return
         try:
-            hand_back_unheld(self.worker_id, [(a.id, a.lease_token) for a in held])
+            handed = hand_back_unheld(self.worker_id, [(a.id, a.lease_token) for a in held])
         except DatabaseError as exc:  # still unreachable: the next call tries again (this one may be in shutdown)
             log.warning("could not yet hand back attempts a failed claim may have left: %s", exc)
             return
         self._claim_unanswered = False
+        if handed:
+            log.warning("handed back %d task(s) claimed for this worker by a claim whose answer was lost", handed)
 
     def _add_new_types(self) -> None:
         """Serve the task types the worker's selection names now and did not before (e.g. a new queue)."""
