@@ -214,7 +214,12 @@ def test_a_claim_passes_over_a_head_locked_by_another_claim(queue: str) -> None:
     if not connection.features.has_select_for_update_skip_locked:
         pytest.skip("no row locks to skip here (SQLite: one writer at a time)")
     cfg = cfg_with()
-    ids = [t.pk for t in taskflow.enqueue_many([{"task_type": T, "payload": {"i": i}} for i in range(HEAD + 30)])]
+    # Due times a millisecond apart: the queue's order is theirs, not how the database breaks ties.
+    start = timezone.now() - timedelta(minutes=1)
+    specs = [
+        {"task_type": T, "payload": {"i": i}, "run_after": start + timedelta(milliseconds=i)} for i in range(HEAD + 30)
+    ]
+    ids = [t.pk for t in taskflow.enqueue_many(specs)]
     other = connections.create_connection("default")
     other.set_autocommit(False)
     try:
