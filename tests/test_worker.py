@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db.models import F
+from django.utils import timezone
 
 import taskflow
 from taskflow.engine.attempts import Outcome
@@ -183,7 +185,13 @@ def test_a_limited_type_claims_again_when_its_slots_free_not_at_its_next_poll(st
 def test_a_claim_starts_what_the_worker_would_start_right_after_it_and_reserves_the_rest() -> None:
     ScheduleCfg.objects.update_or_create(task_type="test.record", defaults={"schedule_interval": 60.0})
     configs.clear()
-    tasks = taskflow.enqueue_many([{"task_type": "test.record", "payload": {"n": i}} for i in range(10)])
+    # Due times a millisecond apart: claim order is theirs (tasks of one due time come in no promised order).
+    start = timezone.now() - timedelta(minutes=1)
+    specs = [
+        {"task_type": "test.record", "payload": {"n": i}, "run_after": start + timedelta(milliseconds=i)}
+        for i in range(10)
+    ]
+    tasks = taskflow.enqueue_many(specs)
     worker = Worker(["test.record"], concurrency=1, burst=True)  # a burst worker looks at once
     # One free thread, six ahead of it, of which the worker would start three at once (START_AHEAD).
     claimed, reserved, _ = worker.connector._claim_round(1, 1, False, ahead=6, start_ahead=3)

@@ -3,6 +3,8 @@
 Order: `order_time` ascending, i.e. due time moved earlier by priority x aging. Higher priority
 runs first, yet a low-priority task is overtaken only by tasks enqueued less than
 (priority difference x aging) seconds after it, so a flood can delay it but never starve it.
+Tasks of one `order_time` (one enqueue_many, say) come in no promised order among themselves: id
+order on MariaDB and SQLite, whatever order the index holds them in on PostgreSQL.
 """
 
 from __future__ import annotations
