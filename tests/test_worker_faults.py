@@ -293,3 +293,25 @@ def test_tasks_of_a_claim_whose_answer_was_lost_run_at_once_not_after_their_dead
     assert lost >= 4  # started and claimed-ahead attempts were both in it
     assert {(r.status, r.attempts) for r in rows.values()} == {(Status.SUCCESS, 1)}
     assert Task.objects.filter(status_msg__startswith="handed back").count() == 0
+
+
+def test_while_the_database_is_down_the_hand_back_is_tried_once_a_second_not_at_every_call(
+    transactional_db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown calls between_claims every 50 ms: an unreachable database must not be asked (and logged) each time."""
+    tries: list[float] = []
+
+    def unreachable(*args: Any, **kwargs: Any) -> int:
+        tries.append(time.monotonic())
+        raise OperationalError(2003, "Can't connect to MySQL server")
+
+    monkeypatch.setattr(worker_module, "hand_back_unheld", unreachable)
+    connector = Worker(["test.record"], concurrency=1).connector
+    connector._claim_unanswered = True
+    for _ in range(5):
+        connector.between_claims([])
+    assert len(tries) == 1
+    connector._next_hand_back = 0.0  # a second later
+    monkeypatch.setattr(worker_module, "hand_back_unheld", lambda *args, **kwargs: 0)
+    connector.between_claims([])
+    assert connector._claim_unanswered is False

@@ -64,6 +64,7 @@ class DatabaseConnector:
         self._liveness: LivenessBeat | None = None
         # A claim raised: it may have committed with its answer lost (see between_claims).
         self._claim_unanswered = False
+        self._next_hand_back = 0.0  # after a failed try, not before this (time.monotonic())
 
     @property
     def worker(self) -> Runner:
@@ -164,11 +165,13 @@ class DatabaseConnector:
         timeout). Here no claim of this worker is in flight and `held` lists every attempt it
         holds (running, queued, reserved, being reported), so the others are safe to hand back.
         """
-        if not self._claim_unanswered:
+        if not self._claim_unanswered or time.monotonic() < self._next_hand_back:
             return
         try:
             handed = hand_back_unheld(self.worker_id, [(a.id, a.lease_token) for a in held])
-        except DatabaseError as exc:  # still unreachable: the next call tries again (this one may be in shutdown)
+        except DatabaseError as exc:
+            # Still unreachable: tried again a second later (shutdown calls this every 50 ms).
+            self._next_hand_back = time.monotonic() + 1.0
             log.warning("could not yet hand back attempts a failed claim may have left: %s", exc)
             return
         self._claim_unanswered = False
