@@ -76,7 +76,9 @@ def test_hold_claims_due_tasks_with_their_leases_and_registers_the_worker(worker
     assert worker.worker_id.startswith("remote-host:4242:")
 
 
-def test_a_held_task_is_answered_as_get_shows_it_after_the_claim(worker: Api) -> None:
+@pytest.mark.parametrize("claim", ["started", "reserved", "limited"])
+def test_a_held_task_is_answered_as_get_shows_it_after_the_claim(worker: Api, claim: str) -> None:
+    """The answer is built from what the claim read and wrote, not read again: it must match the row."""
     task = taskflow.enqueue(
         T,
         {"p": [1, "two"]},
@@ -90,15 +92,37 @@ def test_a_held_task_is_answered_as_get_shows_it_after_the_claim(worker: Api) ->
         max_retries=4,
         timeout=90,
     )
-    # A task back from a failed attempt: a status message, a checkpoint and a count of attempts.
-    Task.objects.filter(pk=task.id).update(status_msg="failed once", checkpoint={"at": 2}, attempts=1)
-    [held] = hold(worker)
+    # A task back from a failed attempt: a status message, a checkpoint and a count of attempts; and
+    # a result and end time a claim leaves as they are (the answer must show the row's, not guess them).
+    earlier = timezone.now() - timedelta(minutes=5)
+    Task.objects.filter(pk=task.id).update(
+        status_msg="failed once", checkpoint={"at": 2}, attempts=1, result={"r": [1.5, None]}, finished_at=earlier
+    )
+    body: dict = {"task_types": [T], "limit": 0 if claim == "reserved" else 1}
+    if claim == "reserved":
+        body["reserve"] = 1
+    if claim == "limited":
+        ScheduleCfg.objects.filter(task_type=T).update(concurrency_limit=3)
+        configs.clear()
+    status, answer = worker.post("/api/tasks/hold/", body)
+    assert status == 200, answer
+    [held] = answer["tasks"]
     status, shown = api_as("producer").get(f"/api/tasks/{task.id}/")
     assert status == 200
     assert {k: v for k, v in held.items() if k not in ("lease", "lease_expires_at", "attempt_key", "reserved")} == shown
     assert held["attempts"] == 2 and held["status"] == "processing" and held["max_retries"] == 4
+    assert held["result"] == {"r": [1.5, None]} and held["status_msg"] == "failed once"
+    assert held["reserved"] is (claim == "reserved") and (held["started_at"] is None) is (claim == "reserved")
     assert held["lease"] == row(held).lease_token
     assert held["lease_expires_at"] == HeldTaskSerializer(row(held)).data["lease_expires_at"]
+
+
+def test_a_held_task_of_defaults_shows_null_max_retries_and_timeout_as_get_does(worker: Api) -> None:
+    task = taskflow.enqueue(T)
+    [held] = hold(worker)
+    status, shown = api_as("producer").get(f"/api/tasks/{task.id}/")
+    assert status == 200 and held["max_retries"] is None and held["timeout"] is None
+    assert {k: v for k, v in held.items() if k not in ("lease", "lease_expires_at", "attempt_key", "reserved")} == shown
 
 
 def test_hold_skips_paused_types_and_respects_concurrency_limits(worker: Api) -> None:

@@ -230,36 +230,17 @@ class HoldView(ApiView):
         worker_id = calling_worker(request)
         data = valid(s.HoldSerializer, request.data)
         claimed = remote.hold(data["task_types"], data["limit"], worker_id, reserve=data["reserve"])
-        rows = remote.held_rows(worker_id, [c.id for c in claimed], HELD_STATE)
-        tasks = [held_task(c, rows[c.id]) for c in claimed if c.id in rows]
+        tasks = [held_task(c) for c in claimed]
         return Response({"tasks": s.HeldAttemptSerializer(tasks, many=True, context={"worker_id": worker_id}).data})
 
 
-# What a hold answers is read again after the claim: the state the claim wrote and the fields it does
-# not read. The data it did read (payload, context, checkpoint, ...) is not read and decoded twice.
-HELD_STATE = (
-    "id",
-    "status",
-    "status_msg",
-    "result",
-    "attempts",
-    "max_retries",
-    "timeout",
-    "run_after",
-    "user_id",
-    "worker_id",
-    "created_at",
-    "updated_at",
-    "started_at",
-    "finished_at",
-    "lease_expires_at",
-)
-
-
-def held_task(claimed: ClaimedTask, state: dict[str, Any]) -> SimpleNamespace:
-    """A just-claimed task as HeldAttemptSerializer reads a Task: the claim's data and the row's state."""
+def held_task(claimed: ClaimedTask) -> SimpleNamespace:
+    """A just-claimed task as HeldAttemptSerializer reads a Task, without reading it again: the claim's data,
+    the row's other fields the claim read (`shown`), and what the claim wrote (as claiming.claim_batch does)."""
+    assert claimed.shown is not None, "remote.hold claims with shown=True"
     return SimpleNamespace(
-        **state,
+        **claimed.shown,
+        id=claimed.id,
         task_type=claimed.task_type,
         key=claimed.key,
         version=claimed.version,
@@ -269,7 +250,13 @@ def held_task(claimed: ClaimedTask, state: dict[str, Any]) -> SimpleNamespace:
         context=claimed.context,
         checkpoint=claimed.checkpoint,
         trace_id=claimed.trace_id,
-        lease_token=claimed.lease_token,  # the key proves the claim made here, whatever came since
+        run_after=claimed.run_after,
+        status=Status.PROCESSING,
+        attempts=claimed.attempt,
+        worker_id=claimed.worker_id,
+        lease_token=claimed.lease_token,
+        updated_at=claimed.claimed_at,
+        lease_expires_at=claimed.lease_expires_at,
         progress=None,  # a new attempt has reported none yet
     )
 

@@ -8,7 +8,6 @@ lease_token = <the attempt's token>`, so an attempt that was rescued or stopped 
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,7 +16,7 @@ from django.utils import timezone
 
 from ..exceptions import LeaseLost
 from ..models import ScheduleCfg, Status, Task
-from .outcomes import Outcome, Report  # noqa: F401 - the engine's names for them
+from .outcomes import Outcome, Report, StopRequest  # noqa: F401 - the engine's names for them
 from .progress import Progress
 from .validation import json_text
 
@@ -50,8 +49,10 @@ class ClaimedTask:
     # The newer version that superseded this task while it ran (read again when the attempt ends,
     # see finishing.py: a task that would go back to pending is stopped instead).
     superseded_by: int | None = None
+    # The row's sql.SHOWN_COLUMNS (and own max_retries, timeout) if its claim read them (claim_batch's `shown`).
+    shown: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     # Set when the attempt was taken away while it runs (terminated by an operator, or rescued).
-    stop_requested: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    stop_requested: StopRequest = field(default_factory=StopRequest, repr=False, compare=False)
 
     @classmethod
     def from_row(

@@ -36,8 +36,12 @@ def claim_batch(
     exact_global_limit: int | None = None,
     now: datetime | None = None,
     reserve: int = 0,
+    shown: bool = False,
 ) -> list[ClaimedTask]:
     """Claim up to `limit` due pending tasks of `cfg.task_type` for `worker_id`, and `reserve` more after them.
+
+    With `shown`, each attempt also carries the row's sql.SHOWN_COLUMNS (`ClaimedTask.shown`), read by
+    the claim itself: what a remote hold answers besides the attempt.
 
     The first `limit` attempts start now. The reserved ones (claimed ahead of free threads) are held
     for the worker but not started: their row's `started_at` stays NULL until `start_reserved`, so a
@@ -62,8 +66,8 @@ def claim_batch(
     if limited:
         reserve = 0  # a reserved task of a limited type would hold a slot no handler uses
     if not limited and reserve <= 0 and sql.claims_in_one_statement():
-        rows = sql.claim_due(table, cfg.task_type, started, host, worker_id, now, cfg.max_processing_time)
-        return [_claimed(row, cfg, worker_id, now, counted=True) for row in rows]
+        rows = sql.claim_due(table, cfg.task_type, started, host, worker_id, now, cfg.max_processing_time, shown=shown)
+        return [_claimed(row, cfg, worker_id, now, counted=True, shown=shown) for row in rows]
     # Without limits to count, the read and the UPDATE are all the transaction holds: on MySQL it
     # then skips a round trip (see sql.transaction_of_statements).
     with transaction.atomic() if limited else sql.transaction_of_statements():
@@ -71,14 +75,16 @@ def claim_batch(
             started = limiter.exact_room(cfg.task_type, started, exact_limit, exact_global_limit)
             if started <= 0:
                 return []
-        rows = sql.select_due(table, cfg.task_type, started + max(0, reserve), host, now)
+        rows = sql.select_due(table, cfg.task_type, started + max(0, reserve), host, now, shown=shown)
         if not rows:
             return []
-        claimed = [_claimed(row, cfg, worker_id, now) for row in rows]
+        claimed = [_claimed(row, cfg, worker_id, now, shown=shown) for row in rows]
         by_deadline: dict[datetime, list[int]] = defaultdict(list)
         for task in claimed:
             by_deadline[task.lease_expires_at].append(task.id)
         reserved = {task.id for task in claimed[started:]}
+        for task in claimed[started:] if shown else ():
+            task.shown["started_at"] = None  # type: ignore[index]
         updated = sum(
             sql.mark_processing(table, ids, worker_id, now, deadline, reserved=reserved.intersection(ids))
             for deadline, ids in by_deadline.items()
@@ -96,27 +102,27 @@ def claim_within_limit(
     *,
     host: str = "",
     now: datetime | None = None,
+    shown: bool = False,
 ) -> list[ClaimedTask]:
     """Claim up to `wanted` tasks of a type under concurrency limits: take the limiter's slots, claim
     (the database counting exactly where the limiter says so), then give back the slots not used."""
     grant = slots.take(cfg.task_type, wanted, cfg.concurrency_limit)
     tasks: list[ClaimedTask] = []
     try:
-        tasks = claim_batch(
-            cfg, grant.slots, worker_id, host=host, exact_limit=slots.exact_db_limit(cfg.concurrency_limit), now=now
-        )
+        exact_limit = slots.exact_db_limit(cfg.concurrency_limit)
+        tasks = claim_batch(cfg, grant.slots, worker_id, host=host, exact_limit=exact_limit, now=now, shown=shown)
     finally:
         slots.confirm(grant, tasks)
     return tasks
 
 
 def _claimed(
-    row: dict[str, Any], cfg: ScheduleCfg, worker_id: str, now: datetime, *, counted: bool = False
+    row: dict[str, Any], cfg: ScheduleCfg, worker_id: str, now: datetime, *, counted: bool = False, shown: bool = False
 ) -> ClaimedTask:
     """The attempt a claim starts on the task in `row` (read before its UPDATE, or after it if `counted`)."""
     timeout = row["timeout"] or cfg.max_processing_time
     step = 0 if counted else 1
-    return ClaimedTask.from_row(
+    attempt = ClaimedTask.from_row(
         row,
         cfg,
         attempt=row["attempts"] + step,
@@ -125,6 +131,12 @@ def _claimed(
         claimed_at=now,
         lease_expires_at=now + timedelta(seconds=timeout),
     )
+    if shown:
+        # Also the row's own max_retries and timeout (None: the type's), which the attempt resolves, and
+        # started_at as the claim writes it (claim_batch clears it for those it reserves).
+        attempt.shown = {name: row[name] for name in (*sql.SHOWN_COLUMNS, "max_retries", "timeout")}
+        attempt.shown["started_at"] = now
+    return attempt
 
 
 def start_reserved(tasks: list[ClaimedTask], now: datetime | None = None) -> list[ClaimedTask]:

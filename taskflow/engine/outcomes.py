@@ -25,6 +25,26 @@ class Outcome(enum.StrEnum):
     LOST = "lost"  # the attempt was taken away while running: nothing to write
 
 
+class StopRequest:
+    """Whether an attempt was told to stop (an operator, a rescue, shutdown): set once, read by its handler.
+
+    Only `set` and `is_set` are ever called, nobody waits on it, so it is a plain flag (a write
+    or read of one attribute is atomic), not a threading.Event: an Event's lock and condition cost
+    more than the rest of an attempt's object, built for every task claimed, held or reported.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 @dataclass(eq=False)  # compared by identity: two reports are never "the same"
 class Report:
     """The end of one attempt, as the worker saw it (`task`: the attempt, a ClaimedTask or a remote one)."""

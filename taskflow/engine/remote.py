@@ -194,7 +194,8 @@ def hold(task_types: Sequence[str], limit: int, worker_id: str, *, reserve: int 
     a ScheduleCfg row (never enqueued: nothing is due, and none is created for them); concurrency
     limits hold (the same limiter and claim as `taskworker`), each type gives at most its
     `schedule_limit` per call, and the worker is recorded as alive. Each attempt's key is
-    `attempt_key(task.id, task.lease_token, worker_id)`.
+    `attempt_key(task.id, task.lease_token, worker_id)`; each carries the row's other fields the API
+    shows (`shown`, read by the claim itself).
 
     Reserved attempts are claimed as a local worker claims ahead (claiming.claim_batch): held but not
     started until the worker starts them (`start`), handed back uncounted if it dies first. Tasks of
@@ -226,23 +227,16 @@ def hold(task_types: Sequence[str], limit: int, worker_id: str, *, reserve: int 
             wanted = min(free, cfg.schedule_limit)
             if wanted <= 0:
                 continue
-            claimed = claim_within_limit(cfg, wanted, worker_id, limiter, host=host)
+            claimed = claim_within_limit(cfg, wanted, worker_id, limiter, host=host, shown=True)
         else:
             wanted = min(free + max(0, reserve - reserved), cfg.schedule_limit)
             if wanted <= 0:
                 continue
             to_start = min(free, wanted)
-            claimed = claim_batch(cfg, to_start, worker_id, host=host, reserve=wanted - to_start)
+            claimed = claim_batch(cfg, to_start, worker_id, host=host, reserve=wanted - to_start, shown=True)
             reserved += max(0, len(claimed) - to_start)
         held += claimed
     return held
-
-
-def held_rows(worker_id: str, ids: Sequence[int], columns: Sequence[str]) -> dict[int, dict[str, Any]]:
-    """By id, `columns` (with "id") of those of these tasks `worker_id` holds (processing for it), in one query."""
-    if not ids:
-        return {}
-    return {row["id"]: row for row in sql.select_held(sql.task_table(), list(ids), worker_id, columns)}
 
 
 def start(worker_id: str, helds: Sequence[Held]) -> list[Refused | None]:

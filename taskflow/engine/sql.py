@@ -606,6 +606,9 @@ CLAIM_COLUMNS = (
     "prefer_host",
 )
 _JSON_COLUMNS = {"payload", "context", "checkpoint", "schedule_log"}
+# What a remote worker's hold also answers of each task (the API shows a held task as GET does), beyond
+# CLAIM_COLUMNS and what the claim writes: read by the claim itself (`shown=True`), not again after it.
+SHOWN_COLUMNS = ("status_msg", "result", "user_id", "created_at", "finished_at")
 
 
 # How many pending rows beyond its own batch a claim on MariaDB reads as candidates (see select_due):
@@ -617,8 +620,11 @@ CANDIDATE_MARGIN = 200
 _long_queues: set[str] = set()
 
 
-def select_due(table: str, task_type: str, limit: int, host: str, now: datetime) -> list[dict[str, Any]]:
-    """Lock and read up to `limit` due pending tasks of a type, in scheduling order (skipping locked rows).
+def select_due(
+    table: str, task_type: str, limit: int, host: str, now: datetime, *, shown: bool = False
+) -> list[dict[str, Any]]:
+    """Lock and read up to `limit` due pending tasks of a type, in scheduling order (skipping locked rows):
+    CLAIM_COLUMNS, and SHOWN_COLUMNS too if `shown`.
 
     On MariaDB a locking scan of the claim index is slow behind a busy queue: every task claimed
     since the last purge leaves a delete-marked entry at the head of the pending range, and a
@@ -642,26 +648,40 @@ def select_due(table: str, task_type: str, limit: int, host: str, now: datetime)
     with connection.cursor() as cursor:
         if task_type in _long_queues and vendor == "mysql" and skip_locked and connection.mysql_is_mariadb:
             candidates = limit + CANDIDATE_MARGIN
-            cursor.execute(
-                _select_candidates_sql(table, bool(host)), [Status.PENDING.value, task_type, candidates, *due, limit]
-            )
+            params = [Status.PENDING.value, task_type, candidates, *due, limit]
+            cursor.execute(_select_candidates_sql(table, bool(host), shown), params)
             found = cursor.fetchall()
             if len(found) == limit or (found and found[0][-1] < candidates):
                 rows = [values[:-1] for values in found]  # all it wanted, or all the queue holds
         if not rows:
-            cursor.execute(_select_due_sql(vendor, table, bool(host), skip_locked), [*due, limit])
+            cursor.execute(_select_due_sql(vendor, table, bool(host), skip_locked, shown), [*due, limit])
             rows = cursor.fetchall()
     if len(rows) == limit:
         _long_queues.add(task_type)
     else:
         _long_queues.discard(task_type)
+    return _claimed_rows(_claim_columns(shown), rows, ("run_after",), shown)
+
+
+def _claim_columns(shown: bool) -> tuple[str, ...]:
+    return (*CLAIM_COLUMNS, *SHOWN_COLUMNS) if shown else CLAIM_COLUMNS
+
+
+def _claimed_rows(
+    columns: tuple[str, ...], rows: Sequence[tuple[Any, ...]], datetimes: tuple[str, ...], shown: bool
+) -> list[dict[str, Any]]:
+    """A claim's rows as dicts, JSON decoded, `datetimes` (and SHOWN_COLUMNS' times, if `shown`) made aware."""
+    json_columns = (*_JSON_COLUMNS, "result") if shown else tuple(_JSON_COLUMNS)
+    if shown:
+        datetimes = (*datetimes, "created_at", "finished_at")
     to_datetime = datetime_from_db()
     out = []
     for values in rows:
-        row = dict(zip(CLAIM_COLUMNS, values, strict=True))
-        for name in _JSON_COLUMNS:
+        row = dict(zip(columns, values, strict=True))
+        for name in json_columns:
             row[name] = json_from_db(row[name])
-        row["run_after"] = to_datetime(row["run_after"])
+        for name in datetimes:
+            row[name] = to_datetime(row[name])
         out.append(row)
     return out
 
@@ -682,16 +702,16 @@ def _due_where(with_host: bool, prefix: str = "") -> str:
 
 
 @cache
-def _select_due_sql(vendor: str, table: str, with_host: bool, skip_locked: bool) -> str:
+def _select_due_sql(vendor: str, table: str, with_host: bool, skip_locked: bool, shown: bool) -> str:
     """select_due's statement, built once per shape: a claim runs it many times a second."""
     qn = quote
-    columns = ", ".join(column(name) for name in CLAIM_COLUMNS)
+    columns = ", ".join(column(name) for name in _claim_columns(shown))
     lock = " FOR UPDATE SKIP LOCKED" if skip_locked else ""
     return f"SELECT {columns} FROM {qn(table)} WHERE {_due_where(with_host)} ORDER BY {qn('order_time')} LIMIT %s{lock}"
 
 
 @cache
-def _select_candidates_sql(table: str, with_host: bool) -> str:
+def _select_candidates_sql(table: str, with_host: bool, shown: bool) -> str:
     """select_due's statement on MariaDB: candidates read from the claim index alone, then locked by primary key.
 
     The derived table is read first (STRAIGHT_JOIN) and in order, so rows are locked one candidate
@@ -699,7 +719,7 @@ def _select_candidates_sql(table: str, with_host: bool) -> str:
     candidates there were, for select_due to tell whether it saw the whole queue.
     """
     qn = quote
-    columns = ", ".join(f"t.{column(name)}" for name in CLAIM_COLUMNS)
+    columns = ", ".join(f"t.{column(name)}" for name in _claim_columns(shown))
     first = (
         f"SELECT {qn('id')}, {qn('order_time')} FROM {qn(table)} "
         f"WHERE {qn('status')} = %s AND {qn('task_type')} = %s ORDER BY {qn('order_time')} LIMIT %s"
@@ -755,7 +775,15 @@ def claims_in_one_statement() -> bool:
 
 
 def claim_due(
-    table: str, task_type: str, limit: int, host: str, worker_id: str, now: datetime, default_timeout: int
+    table: str,
+    task_type: str,
+    limit: int,
+    host: str,
+    worker_id: str,
+    now: datetime,
+    default_timeout: int,
+    *,
+    shown: bool = False,
 ) -> list[dict[str, Any]]:
     """`select_due` and `mark_processing` in one statement (see claims_in_one_statement), one round trip.
 
@@ -763,7 +791,8 @@ def claim_due(
     already counted; each deadline is `now` plus the task's timeout, else `default_timeout`.
     """
     qn = quote
-    columns = ", ".join(f"t.{column(name)}" for name in (*CLAIM_COLUMNS, "order_time"))
+    read = _claim_columns(shown)
+    columns = ", ".join(f"t.{column(name)}" for name in (*read, "order_time"))
     at = connection.ops.adapt_datetimefield_value(now)
     where = _due_params(task_type, host, at)
     sql = (
@@ -780,12 +809,7 @@ def claim_due(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    out = []
-    for values in rows:
-        row = dict(zip((*CLAIM_COLUMNS, "order_time"), values, strict=True))
-        for name in _JSON_COLUMNS:
-            row[name] = json_from_db(row[name])
-        out.append(row)
+    out = _claimed_rows((*read, "order_time"), rows, (), shown)
     out.sort(key=lambda row: (row["order_time"], row["id"]))  # RETURNING keeps no order
     return out
 

@@ -50,7 +50,7 @@ Settle = Callable[[Sequence[Report], Sequence[Report]], None]
 
 class Connector(Protocol):
     """The store as a worker sees it. Attempts are the connector's own objects; the runtime reads of them
-    only what a TaskContext shows (`context.AttemptData`) and their `stop_requested` event."""
+    only what a TaskContext shows (`context.AttemptData`) and their `stop_requested` flag (outcomes.StopRequest)."""
 
     def bind(self, worker: Runner) -> None:
         """Serve this worker (called once, as it is made)."""

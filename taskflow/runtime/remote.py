@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..engine.outcomes import Outcome, Report
+from ..engine.outcomes import Outcome, Report, StopRequest
 from ..engine.progress import Progress
 from ..exceptions import InvalidTask, LeaseLost
 from . import logs
@@ -98,7 +98,7 @@ class RemoteAttempt:
     lease_seconds: float
     local_deadline: float
     reserved: bool = False  # claimed ahead, not started: HttpConnector.start starts it as a thread takes it
-    stop_requested: threading.Event = field(default_factory=threading.Event, repr=False)
+    stop_requested: StopRequest = field(default_factory=StopRequest, repr=False)
 
     @classmethod
     def from_json(cls, task: dict[str, Any], asked_at: float, server_now: datetime | None) -> RemoteAttempt:
