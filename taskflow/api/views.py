@@ -235,8 +235,8 @@ class HoldView(ApiView):
 
 
 def held_task(claimed: ClaimedTask) -> SimpleNamespace:
-    """A just-claimed task as HeldAttemptSerializer reads a Task, without reading it again: the claim's data,
-    the row's other fields the claim read (`shown`), and what the claim wrote (as claiming.claim_batch does)."""
+    """A just-claimed task as HeldAttemptSerializer reads a Task, without reading it again: the attempt's data
+    and the row's other columns as the claim left them (`shown`)."""
     assert claimed.shown is not None, "remote.hold claims with shown=True"
     return SimpleNamespace(
         **claimed.shown,
@@ -250,13 +250,7 @@ def held_task(claimed: ClaimedTask) -> SimpleNamespace:
         context=claimed.context,
         checkpoint=claimed.checkpoint,
         trace_id=claimed.trace_id,
-        run_after=claimed.run_after,
-        status=Status.PROCESSING,
-        attempts=claimed.attempt,
-        worker_id=claimed.worker_id,
         lease_token=claimed.lease_token,
-        updated_at=claimed.claimed_at,
-        lease_expires_at=claimed.lease_expires_at,
         progress=None,  # a new attempt has reported none yet
     )
 

@@ -49,7 +49,7 @@ class ClaimedTask:
     # The newer version that superseded this task while it ran (read again when the attempt ends,
     # see finishing.py: a task that would go back to pending is stopped instead).
     superseded_by: int | None = None
-    # The row's sql.SHOWN_COLUMNS (and own max_retries, timeout) if its claim read them (claim_batch's `shown`).
+    # The row's other columns as its claim left them, if the claim was asked for them (claim_batch's `shown`).
     shown: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     # Set when the attempt was taken away while it runs (terminated by an operator, or rescued).
     stop_requested: StopRequest = field(default_factory=StopRequest, repr=False, compare=False)

@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from ..models import ScheduleCfg
+from ..models import ScheduleCfg, Status
 from . import limiter, sql
 from .attempts import ClaimedTask
 
@@ -132,10 +132,19 @@ def _claimed(
         lease_expires_at=now + timedelta(seconds=timeout),
     )
     if shown:
-        # Also the row's own max_retries and timeout (None: the type's), which the attempt resolves, and
-        # started_at as the claim writes it (claim_batch clears it for those it reserves).
-        attempt.shown = {name: row[name] for name in (*sql.SHOWN_COLUMNS, "max_retries", "timeout")}
-        attempt.shown["started_at"] = now
+        # The row's columns as the claim leaves them, beside what the attempt carries: those it read
+        # (with the row's own max_retries and timeout, None for the type's, which the attempt
+        # resolves) and those its UPDATE writes (mark_processing, claim_due). claim_batch clears
+        # started_at for the attempts it reserves.
+        attempt.shown = {name: row[name] for name in (*sql.SHOWN_COLUMNS, "max_retries", "timeout", "run_after")}
+        attempt.shown.update(
+            status=Status.PROCESSING,
+            attempts=attempt.attempt,
+            worker_id=worker_id,
+            started_at=now,
+            updated_at=now,
+            lease_expires_at=attempt.lease_expires_at,
+        )
     return attempt
 
 

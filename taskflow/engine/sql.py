@@ -660,20 +660,17 @@ def select_due(
         _long_queues.add(task_type)
     else:
         _long_queues.discard(task_type)
-    return _claimed_rows(_claim_columns(shown), rows, ("run_after",), shown)
+    return _claimed_rows(_claim_columns(shown), rows, shown)
 
 
 def _claim_columns(shown: bool) -> tuple[str, ...]:
     return (*CLAIM_COLUMNS, *SHOWN_COLUMNS) if shown else CLAIM_COLUMNS
 
 
-def _claimed_rows(
-    columns: tuple[str, ...], rows: Sequence[tuple[Any, ...]], datetimes: tuple[str, ...], shown: bool
-) -> list[dict[str, Any]]:
-    """A claim's rows as dicts, JSON decoded, `datetimes` (and SHOWN_COLUMNS' times, if `shown`) made aware."""
+def _claimed_rows(columns: tuple[str, ...], rows: Sequence[tuple[Any, ...]], shown: bool) -> list[dict[str, Any]]:
+    """A claim's rows as dicts, JSON decoded and times made aware (SHOWN_COLUMNS' too, if `shown`)."""
     json_columns = (*_JSON_COLUMNS, "result") if shown else tuple(_JSON_COLUMNS)
-    if shown:
-        datetimes = (*datetimes, "created_at", "finished_at")
+    datetimes = ("run_after", "created_at", "finished_at") if shown else ("run_after",)
     to_datetime = datetime_from_db()
     out = []
     for values in rows:
@@ -809,7 +806,7 @@ def claim_due(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    out = _claimed_rows((*read, "order_time"), rows, (), shown)
+    out = _claimed_rows((*read, "order_time"), rows, shown)
     out.sort(key=lambda row: (row["order_time"], row["id"]))  # RETURNING keeps no order
     return out
 
