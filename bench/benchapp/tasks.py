@@ -5,6 +5,7 @@ settings: the `django.tasks` function (which needs them) lives in `django_tasks.
 """
 
 import asyncio
+import time
 
 import taskflow
 
@@ -19,3 +20,9 @@ async def async_sleep(ctx):  # noqa: ANN001, ANN201
     """Waits `seconds` (default 1) without a thread: bench/bench_async.py drains thousands of these at once."""
     await asyncio.sleep(ctx.payload.get("seconds", 1.0))
     return None
+
+
+@taskflow.handler("bench.stamp")
+def stamp(ctx):  # noqa: ANN001, ANN201
+    """Returns when it started (time.time()): bench/bench_core.py's start latency ends here, as a producer sees it."""
+    return {"started": time.time()}
