@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 os.environ.setdefault("DJANGO_SECRET_KEY", "taskflow-bench-only")
 
-from bench import database, profiling  # noqa: E402
+from bench import cpu, database, profiling  # noqa: E402
 from bench.workers import WorkerPool  # noqa: E402
 
 TASK_TYPE = "bench.noop"
@@ -246,28 +246,28 @@ class Bench:
             if not self.wait_registered(len(procs)):
                 return
             self.preload(p.drain_n, one_transaction=True)
-            cpu_before = sum(_cpu_seconds(proc.pid) for proc in procs)
-            server_before = _database_server_cpu()
+            cpu_before = cpu.processes_cpu([proc.pid for proc in procs])
+            server_before = cpu.database_server_cpu()
             committed = time.monotonic()
             done = self.wait_finished(p.drain_n, p.drain_timeout)
             wall = time.monotonic() - committed
-            cpu = sum(_cpu_seconds(proc.pid) for proc in procs) - cpu_before
-            server = _database_server_cpu() - server_before if server_before is not None else None
+            used = cpu.processes_cpu([proc.pid for proc in procs]) - cpu_before
+            server = cpu.database_server_cpu() - server_before if server_before is not None else None
         finally:
             self.pool.stop(procs)
         label = f"drain, warm workers, 2x C={concurrency or 'default'}"
         self.record_drain(label, concurrency, run, wall, done, target=True)
-        if done and cpu > 0:
+        if done and used > 0:
             # Worker CPU per task: what a busy machine sways far less than the rates above.
-            per_task = cpu / p.drain_n * 1e6
+            per_task = used / p.drain_n * 1e6
             self.metric(f"{label}, worker CPU per task", "us").values.append(per_task)
-            print(f"  {label} run {run + 1}: workers' CPU {cpu:.2f}s = {per_task:.0f} us/task", flush=True)
+            print(f"  {label} run {run + 1}: workers' CPU {used:.2f}s = {per_task:.0f} us/task", flush=True)
         if done and server:
             # The database server's share: with every core busy, workers + server CPU per task bound the
             # rate (cores / that), whatever the worker's settings.
             server_per_task = server / p.drain_n * 1e6
             self.metric(f"{label}, database server CPU per task", "us").values.append(server_per_task)
-            ceiling = (os.cpu_count() or 1) / ((cpu + server) / p.drain_n)
+            ceiling = (os.cpu_count() or 1) / ((used + server) / p.drain_n)
             print(
                 f"  {label} run {run + 1}: database server's CPU {server:.2f}s = {server_per_task:.0f} us/task "
                 f"(this bench's polling included); {os.cpu_count()} cores over workers + server = "
@@ -559,39 +559,6 @@ class Bench:
         found = Task.objects.count()
         if found != n:
             self.note(f"{label}: expected {n} task rows, found {found}")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a running process so far (Linux /proc; 0 where there is none)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-DATABASE_SERVERS = {"mysql": ("mariadbd", "mysqld"), "postgresql": ("postgres",)}
-
-
-def _database_server_cpu() -> float | None:
-    """CPU time so far of the database server's processes on this machine (None: SQLite, or none visible)."""
-    from django.db import connection
-
-    names = DATABASE_SERVERS.get(connection.vendor)
-    if not names:
-        return None
-    total, seen = 0.0, False
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (entry / "comm").read_text().strip() not in names:
-                continue
-        except OSError:
-            continue
-        total += _cpu_seconds(int(entry.name))
-        seen = True
-    return total if seen else None
 
 
 @contextmanager

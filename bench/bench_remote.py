@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 os.environ.setdefault("DJANGO_SECRET_KEY", "taskflow-bench-only")
 
-from bench import database, profiling  # noqa: E402
+from bench import cpu, database, profiling  # noqa: E402
 from bench.workers import WorkerPool  # noqa: E402
 
 TASK_TYPE = "bench.noop"
@@ -124,23 +124,17 @@ def enqueue_tasks(n: int) -> None:
         )
 
 
-def process_cpu(pids: list[int]) -> float:
-    """CPU seconds (user + system) used so far by these running processes."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+CpuReading = tuple[float, float, float | None, tuple[float, float]]
 
 
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU time of the whole machine so far, in clock ticks (/proc/stat)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]
-    return sum(values) - idle, sum(values)
+def cpu_reading(worker_pids: list[int], server_pids: list[int]) -> CpuReading:
+    """CPU so far of the workers, the API server's processes, the database server, and the whole machine."""
+    return (
+        cpu.processes_cpu(worker_pids),
+        cpu.processes_cpu(server_pids),
+        cpu.database_server_cpu(),
+        cpu.machine_busy(),
+    )
 
 
 def measure_drain(
@@ -152,39 +146,43 @@ def measure_drain(
 ) -> dict[str, float]:
     """Enqueue `n` tasks, start the workers, time until every task succeeded (then stop them).
 
-    Also the CPU the workers (reaped children), the server processes and the whole machine used
-    meanwhile, which tells whose CPU bounds the drain.
+    Also the CPU that the workers, the API server's processes, the database server and the whole
+    machine used from the first task's start to the last success (start-up left out): with every
+    core busy, the drain can go no faster than cores / their CPU per task.
     """
-    import resource
-
     from django.db.models import Max, Min
 
     from taskflow.models import Status, Task
 
     enqueue_tasks(n)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_before = process_cpu(server_pids or [])
-    busy_before = machine_busy()
     started = time.monotonic()
     procs = start_workers()
     deadline = started + timeout
+    pids, server_pids = [p.pid for p in procs], server_pids or []
+    before: CpuReading | None = None
     done = 0
     while time.monotonic() < deadline:
+        if before is None:
+            if Task.objects.filter(status__in=[Status.PROCESSING, Status.SUCCESS]).exists():
+                before = cpu_reading(pids, server_pids)
+            else:
+                time.sleep(0.005)
+                continue
         done = Task.objects.filter(status=Status.SUCCESS).count()
         if done == n:
             break
         if any(p.poll() is not None for p in procs):
             raise SystemExit("a worker exited:\n" + "\n".join(WorkerPool.tail(p) for p in procs))
-        time.sleep(0.1)
+        time.sleep(0.05)
     wall = time.monotonic() - started
-    server_cpu = process_cpu(server_pids or []) - server_before
-    busy_after = machine_busy()
+    after = cpu_reading(pids, server_pids)
     pool.stop(procs)
-    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    workers_cpu = reaped.ru_utime + reaped.ru_stime - children.ru_utime - children.ru_stime
     span = Task.objects.filter(status=Status.SUCCESS).aggregate(first=Min("started_at"), last=Max("finished_at"))
     once = Task.objects.filter(status=Status.SUCCESS, attempts=1, lease_token=1).count()
     db_seconds = (span["last"] - span["first"]).total_seconds() if done else float("nan")
+    before = before or after
+    # None: no database server process here (SQLite runs inside the workers and the API server).
+    database_cpu = after[2] - before[2] if after[2] is not None and before[2] is not None else 0.0
     return {
         "n": n,
         "done": done,
@@ -193,9 +191,10 @@ def measure_drain(
         "wall_rate": done / wall,
         "db_span_s": db_seconds,
         "db_rate": done / db_seconds if done else 0.0,
-        "workers_cpu": workers_cpu,
-        "server_cpu": server_cpu,
-        "machine_busy": (busy_after[0] - busy_before[0]) / max(1, busy_after[1] - busy_before[1]),
+        "workers_cpu": after[0] - before[0],
+        "server_cpu": after[1] - before[1],
+        "database_cpu": database_cpu,
+        "machine_busy": (after[3][0] - before[3][0]) / max(1, after[3][1] - before[3][1]),
     }
 
 
@@ -219,7 +218,8 @@ def profile_server(py_spy: str, master: subprocess.Popen, log_dir: Path, seconds
 
 
 def per_task(drained: dict[str, float], figure: str) -> str:
-    return f"{1000 * drained[figure] / max(1, drained['done']):.2f}"
+    """CPU µs a task of one kind of process (see measure_drain)."""
+    return f"{1e6 * drained[figure] / max(1, drained['done']):.0f}"
 
 
 def drain_line(label: str, drained: dict[str, float]) -> str:
@@ -227,10 +227,17 @@ def drain_line(label: str, drained: dict[str, float]) -> str:
         f"{label}: {drained['done']}/{drained['n']} tasks, {drained['db_rate']:,.0f} tasks/s first start to last "
         f"finish ({drained['db_span_s']:.2f} s), {drained['wall_rate']:,.0f} tasks/s wall from spawning "
         f"({drained['wall_s']:.1f} s); claimed exactly once: {drained['once']}\n"
-        f"    CPU meanwhile: workers {drained['workers_cpu']:.2f} s ({per_task(drained, 'workers_cpu')} ms a task), "
-        f"server {drained['server_cpu']:.2f} s ({per_task(drained, 'server_cpu')} ms a task), "
-        f"machine {100 * drained['machine_busy']:.0f} % busy"
+        f"    CPU from the first start to the last success: workers {per_task(drained, 'workers_cpu')}, "
+        f"API server {per_task(drained, 'server_cpu')}, database server {per_task(drained, 'database_cpu')} µs a task "
+        f"(machine {100 * drained['machine_busy']:.0f} % busy); {os.cpu_count()} cores over their sum = at most "
+        f"{ceiling(drained):,.0f} tasks/s here"
     )
+
+
+def ceiling(drained: dict[str, float]) -> float:
+    """The drain rate this machine's cores allow at the CPU per task measured (every core busy)."""
+    used = drained["workers_cpu"] + drained["server_cpu"] + drained["database_cpu"]
+    return (os.cpu_count() or 1) * drained["done"] / used if used > 0 else float("nan")
 
 
 def main() -> None:
