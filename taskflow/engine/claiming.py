@@ -78,13 +78,11 @@ def claim_batch(
         rows = sql.select_due(table, cfg.task_type, started + max(0, reserve), host, now, shown=shown)
         if not rows:
             return []
-        claimed = [_claimed(row, cfg, worker_id, now, shown=shown) for row in rows]
+        claimed = [_claimed(row, cfg, worker_id, now, shown=shown, reserved=i >= started) for i, row in enumerate(rows)]
         by_deadline: dict[datetime, list[int]] = defaultdict(list)
         for task in claimed:
             by_deadline[task.lease_expires_at].append(task.id)
         reserved = {task.id for task in claimed[started:]}
-        for task in claimed[started:] if shown else ():
-            task.shown["started_at"] = None  # type: ignore[index]
         updated = sum(
             sql.mark_processing(table, ids, worker_id, now, deadline, reserved=reserved.intersection(ids))
             for deadline, ids in by_deadline.items()
@@ -117,9 +115,17 @@ def claim_within_limit(
 
 
 def _claimed(
-    row: dict[str, Any], cfg: ScheduleCfg, worker_id: str, now: datetime, *, counted: bool = False, shown: bool = False
+    row: dict[str, Any],
+    cfg: ScheduleCfg,
+    worker_id: str,
+    now: datetime,
+    *,
+    counted: bool = False,
+    shown: bool = False,
+    reserved: bool = False,
 ) -> ClaimedTask:
-    """The attempt a claim starts on the task in `row` (read before its UPDATE, or after it if `counted`)."""
+    """The attempt a claim starts on the task in `row` (read before its UPDATE, or after it if `counted`);
+    `reserved`: claimed ahead, its row's started_at left NULL (see claim_batch)."""
     timeout = row["timeout"] or cfg.max_processing_time
     step = 0 if counted else 1
     attempt = ClaimedTask.from_row(
@@ -134,14 +140,13 @@ def _claimed(
     if shown:
         # The row's columns as the claim leaves them, beside what the attempt carries: those it read
         # (with the row's own max_retries and timeout, None for the type's, which the attempt
-        # resolves) and those its UPDATE writes (mark_processing, claim_due). claim_batch clears
-        # started_at for the attempts it reserves.
+        # resolves) and those its UPDATE writes (mark_processing, claim_due).
         attempt.shown = {name: row[name] for name in (*sql.SHOWN_COLUMNS, "max_retries", "timeout", "run_after")}
         attempt.shown.update(
             status=Status.PROCESSING,
             attempts=attempt.attempt,
             worker_id=worker_id,
-            started_at=now,
+            started_at=None if reserved else now,
             updated_at=now,
             lease_expires_at=attempt.lease_expires_at,
         )

@@ -660,24 +660,29 @@ def select_due(
         _long_queues.add(task_type)
     else:
         _long_queues.discard(task_type)
-    return _claimed_rows(_claim_columns(shown), rows, shown)
+    return _rows_read(_claim_columns(shown), rows)
 
 
 def _claim_columns(shown: bool) -> tuple[str, ...]:
     return (*CLAIM_COLUMNS, *SHOWN_COLUMNS) if shown else CLAIM_COLUMNS
 
 
-def _claimed_rows(columns: tuple[str, ...], rows: Sequence[tuple[Any, ...]], shown: bool) -> list[dict[str, Any]]:
-    """A claim's rows as dicts, JSON decoded and times made aware (SHOWN_COLUMNS' too, if `shown`)."""
-    json_columns = (*_JSON_COLUMNS, "result") if shown else tuple(_JSON_COLUMNS)
-    datetimes = ("run_after", "created_at", "finished_at") if shown else ("run_after",)
+# The columns a claim or a hold reads that are converted from what the driver gives (see _rows_read).
+_JSON_READ = {*_JSON_COLUMNS, "result"}
+_DATETIME_COLUMNS = {"run_after", "started_at", "lease_expires_at", "created_at", "updated_at", "finished_at"}
+
+
+def _rows_read(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Rows read of these task columns as dicts: JSON decoded, times made aware, the rest as the driver gives them."""
+    json_columns = _JSON_READ.intersection(columns)
+    datetime_columns = _DATETIME_COLUMNS.intersection(columns)
     to_datetime = datetime_from_db()
     out = []
     for values in rows:
         row = dict(zip(columns, values, strict=True))
         for name in json_columns:
             row[name] = json_from_db(row[name])
-        for name in datetimes:
+        for name in datetime_columns:
             row[name] = to_datetime(row[name])
         out.append(row)
     return out
@@ -730,10 +735,6 @@ def _select_candidates_sql(table: str, with_host: bool, shown: bool) -> str:
     )
 
 
-_HELD_JSON_COLUMNS = {*_JSON_COLUMNS, "result"}
-_DATETIME_COLUMNS = {"run_after", "started_at", "lease_expires_at", "created_at", "updated_at", "finished_at"}
-
-
 def select_held(table: str, ids: Sequence[int], worker_id: str, columns: Sequence[str]) -> list[dict[str, Any]]:
     """`columns` of the tasks among `ids` processing for `worker_id` (JSON and times converted), one query.
 
@@ -744,18 +745,7 @@ def select_held(table: str, ids: Sequence[int], worker_id: str, columns: Sequenc
     with connection.cursor() as cursor:
         cursor.execute(head + ", ".join(["%s"] * len(ids)) + tail, [*ids, Status.PROCESSING.value, worker_id])
         rows = cursor.fetchall()
-    to_datetime = datetime_from_db()
-    json_columns = _HELD_JSON_COLUMNS.intersection(columns)
-    datetime_columns = _DATETIME_COLUMNS.intersection(columns)
-    out = []
-    for values in rows:
-        row = dict(zip(columns, values, strict=True))
-        for name in json_columns:
-            row[name] = json_from_db(row[name])
-        for name in datetime_columns:
-            row[name] = to_datetime(row[name])
-        out.append(row)
-    return out
+    return _rows_read(columns, rows)
 
 
 @cache
@@ -806,7 +796,7 @@ def claim_due(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    out = _claimed_rows((*read, "order_time"), rows, shown)
+    out = _rows_read((*read, "order_time"), rows)
     out.sort(key=lambda row: (row["order_time"], row["id"]))  # RETURNING keeps no order
     return out
 
